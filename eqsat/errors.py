@@ -1,0 +1,40 @@
+"""The one hierarchy of errors a user can cause: everything derives from `Error`."""
+
+from __future__ import annotations
+
+
+class Error(ValueError):
+    """Base of every error eqsat raises because of its input."""
+
+
+class LocatedError(Error):
+    """An error at a place in `.eqir` text: `.line` and `.col` are 1-based (0 when unknown)."""
+
+    def __init__(self, message: str, line: int = 0, col: int = 0, source: str | None = None):
+        self.message = message
+        self.line = line
+        self.col = col
+        self.source = source
+        where = f"line {line}, col {col}: " if line else ""
+        prefix = f"{source}:" if source else ""
+        super().__init__(f"{prefix}{where}{message}")
+
+
+class ParseError(LocatedError):
+    """The text is not well-formed `.eqir` (or rule text)."""
+
+
+class VerifyError(LocatedError):
+    """The program is well-formed text but ill-typed or inconsistent."""
+
+
+class TraceError(Error):
+    """A shape or type error while tracing a Python function; names the user's source line."""
+
+
+class InterpretError(Error):
+    """Inputs that do not fit the function, or a computation numpy cannot carry out."""
+
+
+class UnsoundRule(Error):
+    """A rewrite rule whose two sides differ on some input; names the rule and the input."""

@@ -1,0 +1,122 @@
+"""The reference interpreter: numpy semantics for every op; the oracle for every other stage.
+
+Calls run on an explicit frame stack, so call depth and program length are bounded by memory,
+not by Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import InterpretError
+from .module import Function, GradDecl, Module
+from .ops import OPS
+from .types import TensorType
+from .verifier import verify
+
+
+@dataclass
+class _Frame:
+    func: Function
+    env: dict[str, np.ndarray]
+    pc: int = 0
+    pending: tuple[str, ...] = field(default=())
+
+
+def check_inputs(func: Function | Any, args: tuple[Any, ...], params=None) -> list[np.ndarray]:
+    """Inputs as arrays of exactly the parameter types, or an InterpretError saying which differs."""
+    params = params if params is not None else func.params
+    if len(args) != len(params):
+        sig = ", ".join(f"%{p.name}: {p.type}" for p in params)
+        raise InterpretError(f"@{func.name} takes {len(params)} argument(s) ({sig}), "
+                             f"got {len(args)}")
+    out = []
+    for i, (a, p) in enumerate(zip(args, params)):
+        want: TensorType = p.type
+        if isinstance(a, (np.ndarray, np.generic)):
+            arr = np.asarray(a)
+            if arr.dtype != want.dtype.np:
+                raise InterpretError(
+                    f"argument {i + 1} of @{func.name} (%{p.name}) must be {want}, got a "
+                    f"{arr.dtype} array of shape {arr.shape}; convert it with "
+                    f".astype(np.{want.dtype.np.name})")
+        else:
+            try:
+                arr = np.asarray(a, dtype=want.dtype.np)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise InterpretError(f"argument {i + 1} of @{func.name} (%{p.name}) cannot be "
+                                     f"read as {want}: {e}") from None
+        if arr.shape != want.shape:
+            raise InterpretError(f"argument {i + 1} of @{func.name} (%{p.name}) must have shape "
+                                 f"{list(want.shape)} ({want}), got {list(arr.shape)}")
+        out.append(arr)
+    return out
+
+
+def _function(module: Module, name: str) -> Function:
+    item = module[name]
+    if isinstance(item, GradDecl):
+        raise InterpretError(f"@{name} is a gradient declaration; expand it with "
+                             f"eqsat.differentiate (eqsat.interpret does this for you)")
+    return item
+
+
+def run_stmt(op_name: str, args: list[np.ndarray], attrs: dict, t: TensorType) -> np.ndarray:
+    """One op on numpy arrays, with the result checked against its declared type."""
+    out = OPS[op_name].impl(args, attrs, t)
+    out = np.asarray(out)
+    if out.dtype != t.dtype.np:
+        out = out.astype(t.dtype.np)
+    if out.shape != t.shape:
+        raise AssertionError(f"{op_name} produced shape {out.shape}, expected {t}")
+    return out
+
+
+def interpret_function(module: Module, name: str, *args: Any) -> list[np.ndarray]:
+    """Run function `name` of a verified module without gradient declarations; all results."""
+    root = _function(module, name)
+    inputs = check_inputs(root, args)
+    frames = [_Frame(root, {p.name: a for p, a in zip(root.params, inputs)})]
+    try:
+        with np.errstate(all="ignore"):
+            while True:
+                fr = frames[-1]
+                if fr.pc == len(fr.func.body):
+                    results = [fr.env[r] for r in fr.func.returns]
+                    frames.pop()
+                    if not frames:
+                        return results
+                    caller = frames[-1]
+                    caller.env.update(zip(caller.pending, results))
+                    caller.pc += 1
+                    continue
+                s = fr.func.body[fr.pc]
+                if s.op == "call":
+                    callee = _function(module, s.attr["callee"])
+                    fr.pending = s.results
+                    frames.append(_Frame(callee, {p.name: fr.env[o]
+                                                  for p, o in zip(callee.params, s.operands)}))
+                    continue
+                fr.env[s.results[0]] = run_stmt(s.op, [fr.env[o] for o in s.operands], s.attr,
+                                                s.types[0])
+                fr.pc += 1
+    except MemoryError:
+        raise InterpretError(f"out of memory while interpreting @{name} (statement "
+                             f"%{s.results[0]} = {s.op} : {s.types[0]})") from None
+
+
+def interpret(module: Module, name: str, *args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Run `name` on numpy arrays: one result as an array, several as a tuple of arrays."""
+    if not getattr(module, "_verified", False):
+        verify(module)
+        object.__setattr__(module, "_verified", True)
+    fn = _function(module, name)
+    params = {p.name for p in fn.params}
+    results = interpret_function(module, name, *args)
+    # A returned parameter would alias the caller's array; hand back a fresh copy instead.
+    results = [np.array(r, copy=True) if r_name in params else r
+               for r, r_name in zip(results, fn.returns)]
+    return results[0] if len(results) == 1 else tuple(results)

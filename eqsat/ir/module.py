@@ -1,0 +1,218 @@
+"""Immutable program values: statements, functions, gradient declarations, modules.
+
+Equality is structural (names, ops, attributes, types); source locations ride along for error
+messages but never take part in comparisons.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from ..errors import Error
+from .types import TensorType
+
+GRAD_KINDS = ("grad", "value_and_grad", "vjp")
+
+_NAN = float("nan")
+
+
+@dataclass(frozen=True, slots=True)
+class Loc:
+    """Where something was written: 1-based line and column, and columns of its parts."""
+
+    line: int
+    col: int
+    operand_cols: tuple[int, ...] = ()
+    attr_cols: tuple[tuple[str, int], ...] = ()
+    type_col: int = 0
+
+    def attr_col(self, name: str) -> int:
+        return dict(self.attr_cols).get(name, self.col)
+
+
+def _canonical(value: Any) -> Any:
+    """One object for NaN, so statements holding `const nan` compare equal."""
+    if isinstance(value, float) and math.isnan(value):
+        return _NAN
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Stmt:
+    """`%r0, ... = op operands, attr=value, ... : types`; names are stored without `%`."""
+
+    results: tuple[str, ...]
+    op: str
+    operands: tuple[str, ...]
+    attrs: tuple[tuple[str, Any], ...]
+    types: tuple[TensorType, ...]
+    loc: Loc | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "results", tuple(self.results))
+        object.__setattr__(self, "operands", tuple(self.operands))
+        object.__setattr__(self, "types", tuple(self.types))
+        attrs = self.attrs.items() if isinstance(self.attrs, dict) else self.attrs
+        object.__setattr__(self, "attrs", tuple((k, _canonical(v)) for k, v in attrs))
+
+    @property
+    def attr(self) -> dict[str, Any]:
+        """The attributes as a dict."""
+        return dict(self.attrs)
+
+    @property
+    def type(self) -> TensorType:
+        """The type of a single-result statement."""
+        return self.types[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    name: str
+    type: TensorType
+    loc: Loc | None = field(default=None, compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Function:
+    """A function: typed parameters, a straight-line body, returned values."""
+
+    name: str
+    params: tuple[Param, ...]
+    result_types: tuple[TensorType, ...]
+    body: tuple[Stmt, ...]
+    returns: tuple[str, ...]
+    loc: Loc | None = field(default=None, compare=False, hash=False, repr=False)
+    return_loc: Loc | None = field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("params", "result_types", "body", "returns"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    @property
+    def param_types(self) -> tuple[TensorType, ...]:
+        return tuple(p.type for p in self.params)
+
+    def types(self) -> dict[str, TensorType]:
+        """The type of every value by name: parameters and statement results."""
+        env = {p.name: p.type for p in self.params}
+        for s in self.body:
+            env.update(zip(s.results, s.types))
+        return env
+
+
+@dataclass(frozen=True, slots=True)
+class GradDecl:
+    """`func @name = kind @of wrt %a, %b`: a gradient kept as a declaration until expanded."""
+
+    name: str
+    kind: str
+    of: str
+    wrt: tuple[str, ...]
+    loc: Loc | None = field(default=None, compare=False, hash=False, repr=False)
+    wrt_cols: tuple[int, ...] = field(default=(), compare=False, hash=False, repr=False)
+    of_col: int = field(default=0, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wrt", tuple(self.wrt))
+
+
+Item = Union[Function, GradDecl]
+
+
+class Module:
+    """An immutable, ordered collection of functions and gradient declarations.
+
+    `Module(f, g, name="m")` accepts `Function`s, `GradDecl`s and functions traced with
+    `@eqsat.function` (whose callees come along); `m["f"]` looks an item up by name.
+    """
+
+    __slots__ = ("name", "items", "_index", "_verified")
+
+    def __init__(self, *items: Any, name: str = "main"):
+        flat: list[Item] = []
+        seen: set[str] = set()
+        for item in items:
+            for it in _expand(item):
+                if it.name in seen:
+                    continue
+                seen.add(it.name)
+                flat.append(it)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "items", tuple(flat))
+        object.__setattr__(self, "_index", {it.name: it for it in flat})
+        object.__setattr__(self, "_verified", False)
+
+    @classmethod
+    def of(cls, name: str, items: tuple[Item, ...] | list[Item]) -> Module:
+        """A module from items exactly as given (duplicate names kept for the verifier)."""
+        m = cls.__new__(cls)
+        object.__setattr__(m, "name", name)
+        object.__setattr__(m, "items", tuple(items))
+        object.__setattr__(m, "_index", {})
+        object.__setattr__(m, "_verified", False)
+        for it in m.items:
+            m._index.setdefault(it.name, it)
+        return m
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("Module is immutable; build a new one with replace() or Module(...)")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Module) and (self.name, self.items) == (other.name, other.items)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.items))
+
+    def __getitem__(self, name: str) -> Item:
+        try:
+            return self._index[name]
+        except KeyError:
+            raise Error(f"module @{self.name} has no function @{name}; it has "
+                        f"{', '.join('@' + n for n in self._index) or 'none'}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._index
+
+    def __iter__(self) -> Iterator[Item]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    @property
+    def functions(self) -> tuple[Function, ...]:
+        """The plain functions (gradient declarations left out)."""
+        return tuple(it for it in self.items if isinstance(it, Function))
+
+    @property
+    def grad_decls(self) -> tuple[GradDecl, ...]:
+        return tuple(it for it in self.items if isinstance(it, GradDecl))
+
+    def replace(self, items: list[Item] | tuple[Item, ...] | None = None, name: str | None = None) -> Module:
+        """A copy with other items or another name."""
+        return Module.of(self.name if name is None else name, self.items if items is None else items)
+
+    def __str__(self) -> str:
+        from .printer import print_module
+
+        return print_module(self)
+
+    def __repr__(self) -> str:
+        return f"<eqsat.Module @{self.name}: {', '.join('@' + it.name for it in self.items)}>"
+
+
+def _expand(item: Any) -> list[Item]:
+    """The IR items a constructor argument stands for (a traced function brings its callees)."""
+    if isinstance(item, (Function, GradDecl)):
+        return [item]
+    items = getattr(item, "__eqsat_items__", None)
+    if items is not None:
+        return list(items())
+    raise Error(f"Module() takes functions traced with @eqsat.function, Functions or GradDecls, "
+                f"not {type(item).__name__}")
