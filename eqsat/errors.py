@@ -16,7 +16,7 @@ class LocatedError(Error):
         self.col = col
         self.source = source
         where = f"line {line}, col {col}: " if line else ""
-        prefix = f"{source}:" if source else ""
+        prefix = f"{source}: " if source else ""
         super().__init__(f"{prefix}{where}{message}")
 
 

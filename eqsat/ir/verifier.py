@@ -74,7 +74,7 @@ def _relocate(module: Module, original: VerifyError) -> VerifyError:
         located = parse_module(print_module(module), source="<printed module>")
         _Checker(located).run()
     except (VerifyError, ParseError) as e:
-        return VerifyError(e.message, e.line, e.col, e.source)
+        return VerifyError(e.message, e.line, e.col, "<printed module>")
     return original
 
 

@@ -1,0 +1,53 @@
+"""The eqsat command: check and fmt, errors as FILE:LINE:COL: message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from eqsat.cli import main
+
+GOOD = "module @m\n\nfunc @f(%x: f32[4]) -> f32[4] {\n  %y = neg %x : f32[4]\n  return %y\n}\n"
+
+
+def test_check_ok(tmp_path, capsys):
+    p = tmp_path / "good.eqir"
+    p.write_text(GOOD)
+    assert main(["check", str(p)]) == 0
+    assert "ok (module @m: 1 function(s), 1 statement(s)" in capsys.readouterr().out
+
+
+def test_check_error_format(tmp_path, capsys):
+    p = tmp_path / "bad.eqir"
+    p.write_text(GOOD.replace("neg %x : f32[4]", "neg %z : f32[4]"))
+    assert main(["check", str(p)]) == 1
+    assert capsys.readouterr().err.strip() == f"{p}:4:12: %z is not defined"
+
+
+def test_check_missing_file_and_binary(tmp_path, capsys):
+    assert main(["check", str(tmp_path / "nope.eqir")]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    p = tmp_path / "bin.eqir"
+    p.write_bytes(bytes(range(256)))
+    assert main(["check", str(p)]) == 1
+    assert "not UTF-8" in capsys.readouterr().err or "unexpected character" in capsys.readouterr().err
+
+
+def test_fmt(tmp_path, capsys):
+    p = tmp_path / "messy.eqir"
+    p.write_text("module @m func @f(%x: f32[4]) -> f32[4] { %y = neg %x : f32[4] return %y }")
+    assert main(["fmt", "--check", str(p)]) == 1
+    capsys.readouterr()
+    assert main(["fmt", str(p)]) == 0
+    assert capsys.readouterr().out == GOOD
+    assert main(["fmt", "-i", str(p)]) == 0
+    assert p.read_text() == GOOD
+    assert main(["fmt", "--check", str(p)]) == 0
+
+
+def test_console_script_runs(tmp_path):
+    p = tmp_path / "good.eqir"
+    p.write_text(GOOD)
+    r = subprocess.run([sys.executable, "-m", "eqsat.cli", "check", "-q", str(p)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == ""

@@ -1,0 +1,137 @@
+"""Negative tests: each bad input gets the exact error class, line and column."""
+
+from __future__ import annotations
+
+import pytest
+
+import eqsat
+from eqsat import ParseError, VerifyError
+
+
+def fn(body: str, sig: str = "(%x: f32[4], %y: f32[4]) -> f32[4]") -> str:
+    """A one-function module whose body starts on line 3."""
+    return f"module @m\nfunc @f{sig} {{\n{body}\n}}\n"
+
+
+CASES = [
+    # (id, text, error, line, col, message fragment)
+    ("bad-char", "module @m\nfunc @f() -> f32[] { $ }", ParseError, 2, 22, "unexpected character '$'"),
+    ("no-func", "module @m\nfoo", ParseError, 2, 1, "expected 'func'"),
+    ("unknown-op", fn("  %a = addd %x, %y : f32[4]\n  return %a"), ParseError, 3, 8,
+     "unknown op 'addd'; did you mean 'add'"),
+    ("unknown-attr", fn("  %a = add %x, %y, axes=[0] : f32[4]\n  return %a"), ParseError, 3, 20,
+     "add has no attribute 'axes'"),
+    ("dup-attr", fn("  %a = sum %x, axes=[0], axes=[0] : f32[]\n  return %a", "(%x: f32[4]) -> f32[]"),
+     ParseError, 3, 26, "given twice"),
+    ("missing-type", fn("  %a = add %x, %y\n  return %a"), ParseError, 4, 3, "expected ':'"),
+    ("bad-dtype", fn("  %a = add %x, %y : f16[4]\n  return %a"), ParseError, 3, 21, "expected a type"),
+    ("no-return", fn("  %a = add %x, %y : f32[4]"), ParseError, 4, 1, "ends without a 'return'"),
+    ("bad-grad-kind", "module @m\nfunc @g = hessian @f wrt %x\n", ParseError, 2, 11,
+     "unknown gradient kind 'hessian'"),
+    ("eof", "module @m\nfunc @f(%x: f32[4]", ParseError, 2, 19, "end of input"),
+    ("float-dim", "module @m\nfunc @f(%x: f32[1.5]) -> f32[] {\n", ParseError, 2, 17,
+     "dimension must be an integer"),
+    ("negative-dim", "module @m\nfunc @f(%x: f32[-1]) -> f32[-1] {\n  return %x\n}\n", VerifyError,
+     2, 13, "dimension -1 is negative"),
+    ("absurd-dim", "module @m\nfunc @f(%x: f32[99999999999,99999999999]) -> f32[] {\n", VerifyError,
+     2, 13, "more than 2^48 elements"),
+    ("type-mismatch", fn("  %a = add %x, %y : f32[4]\n  return %a", "(%x: f32[4], %y: f32[5]) -> f32[4]"),
+     VerifyError, 3, 16, "add needs operands of one type, got f32[4] and f32[5]"),
+    ("wrong-written-type", fn("  %a = add %x, %y : f32[5]\n  return %a"), VerifyError, 3, 21,
+     "has type f32[4], but f32[5] is written"),
+    ("undefined", fn("  %a = add %x, %z : f32[4]\n  return %a"), VerifyError, 3, 16, "%z is not defined"),
+    ("use-before-def", fn("  %a = add %x, %b : f32[4]\n  %b = neg %x : f32[4]\n  return %a"), VerifyError,
+     3, 16, "%b is used before it is defined"),
+    ("redefined", fn("  %x = neg %y : f32[4]\n  return %x"), VerifyError, 3, 3, "%x is defined twice"),
+    ("dup-param", fn("  return %x", "(%x: f32[4], %x: f32[4]) -> f32[4]"), VerifyError, 2, 21,
+     "declared twice"),
+    ("arity", fn("  %a = neg %x, %y : f32[4]\n  return %a"), VerifyError, 3, 3, "neg takes 1 operand(s), got 2"),
+    ("missing-attr", fn("  %a = sum %x : f32[]\n  return %a", "(%x: f32[4]) -> f32[]"), VerifyError, 3, 3,
+     "sum needs the attribute 'axes'"),
+    ("axis-range", fn("  %a = sum %x, axes=[1] : f32[]\n  return %a", "(%x: f32[4]) -> f32[]"), VerifyError,
+     3, 16, "axis 1 is out of range for rank 1"),
+    ("perm", fn("  %a = transpose %x, perm=[0,0] : f32[2,3]\n  return %a", "(%x: f32[2,3]) -> f32[2,3]"),
+     VerifyError, 3, 22, "not a permutation"),
+    ("float-only", fn("  %a = exp %x : i32[4]\n  return %a", "(%x: i32[4]) -> i32[4]"), VerifyError,
+     3, 12, "exp needs a float operand"),
+    ("matmul-inner", fn("  %a = matmul %x, %y : f32[2,2]\n  return %a", "(%x: f32[2,3], %y: f32[4,2]) -> f32[2,2]"),
+     VerifyError, 3, 19, "inner dimensions differ"),
+    ("broadcast", fn("  %a = broadcast %x : f32[3,5]\n  return %a", "(%x: f32[4]) -> f32[3,5]"), VerifyError,
+     3, 18, "cannot broadcast f32[4] to f32[3,5]"),
+    ("reshape-count", fn("  %a = reshape %x : f32[5]\n  return %a", "(%x: f32[4]) -> f32[5]"), VerifyError,
+     3, 16, "must keep the element count"),
+    ("slice-bounds", fn("  %a = slice %x, start=[1], stop=[9] : f32[8]\n  return %a", "(%x: f32[4]) -> f32[8]"),
+     VerifyError, 3, 29, "0 <= start <= stop <= 4"),
+    ("select-cond", fn("  %a = select %x, %x, %y : f32[4]\n  return %a"), VerifyError, 3, 15,
+     "condition must be bool"),
+    ("const-literal", fn("  %a = const 0.5 : i32[4]\n  return %a", "() -> i32[4]"), VerifyError, 3, 14,
+     "needs an integer literal"),
+    ("const-range", fn("  %a = const 3000000000 : i32[]\n  return %a", "() -> i32[]"), VerifyError, 3, 14,
+     "does not fit in i32"),
+    ("return-type", fn("  %a = neg %x : f32[4]\n  return %a", "(%x: f32[4]) -> f64[4]"), VerifyError, 4, 10,
+     "returns %a of type f32[4] where its signature says f64[4]"),
+    ("return-count", fn("  return %x, %x", "(%x: f32[4]) -> f32[4]"), VerifyError, 3, 3,
+     "declares 1 result(s) but returns 2"),
+    ("call-unknown", fn("  %a = call @g(%x) : f32[4]\n  return %a", "(%x: f32[4]) -> f32[4]"), VerifyError,
+     3, 13, "@f calls @g, which is not defined"),
+    ("call-args", "module @m\nfunc @g(%x: f32[4]) -> f32[4] {\n  return %x\n}\n"
+     "func @f(%x: f32[3]) -> f32[4] {\n  %a = call @g(%x) : f32[4]\n  return %a\n}\n", VerifyError, 6, 16,
+     "argument 1 of @g (%x) must be f32[4], got f32[3]"),
+    ("call-results", "module @m\nfunc @g(%x: f32[4]) -> f32[4] {\n  return %x\n}\n"
+     "func @f(%x: f32[4]) -> f32[4] {\n  %a, %b = call @g(%x) : f32[4], f32[4]\n  return %a\n}\n",
+     VerifyError, 6, 3, "call gives 1 result(s) but 2 name(s) are written"),
+    ("recursion", "module @m\nfunc @f(%x: f32[4]) -> f32[4] {\n  %a = call @g(%x) : f32[4]\n  return %a\n}\n"
+     "func @g(%x: f32[4]) -> f32[4] {\n  %a = call @f(%x) : f32[4]\n  return %a\n}\n", VerifyError, 7, 13,
+     "recursion is not supported: @f -> @g -> @f"),
+    ("dup-function", "module @m\nfunc @f(%x: f32[4]) -> f32[4] {\n  return %x\n}\n"
+     "func @f(%x: f32[4]) -> f32[4] {\n  return %x\n}\n", VerifyError, 5, 1, "@f is defined twice"),
+    ("grad-unknown-fn", "module @m\nfunc @g = grad @nope wrt %x\n", VerifyError, 2, 16,
+     "@g differentiates @nope, which is not defined"),
+    ("grad-unknown-param", fn("  %a = sum %x, axes=[0] : f32[]\n  return %a", "(%x: f32[4]) -> f32[]")
+     + "func @g = grad @f wrt %w\n", VerifyError, 6, 23, "@f has no parameter %w"),
+    ("grad-nonscalar", fn("  return %x", "(%x: f32[4]) -> f32[4]") + "func @g = grad @f wrt %x\n",
+     VerifyError, 5, 16, "grad needs @f to return one float scalar"),
+    ("grad-int-wrt", fn("  %a = cast %x : f32[]\n  return %a", "(%x: i32[]) -> f32[]")
+     + "func @g = grad @f wrt %x\n", VerifyError, 6, 23, "not a float type"),
+    ("grad-dup-wrt", fn("  %a = sum %x, axes=[0] : f32[]\n  return %a", "(%x: f32[4]) -> f32[]")
+     + "func @g = value_and_grad @f wrt %x, %x\n", VerifyError, 6, 37, "listed twice"),
+    ("grad-recursion", "module @m\nfunc @g = grad @h wrt %x\nfunc @h = grad @g wrt %x\n", VerifyError, 3, 16,
+     "recursion is not supported"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_error_class_line_col(case):
+    _, text, error, line, col, fragment = case
+    with pytest.raises(error) as info:
+        eqsat.parse(text)
+    e = info.value
+    assert (e.line, e.col) == (line, col), str(e)
+    assert fragment in e.message, str(e)
+    assert str(e).startswith(f"line {line}, col {col}: ")
+    assert isinstance(e, eqsat.Error) and isinstance(e, ValueError)
+
+
+def test_programmatic_module_errors_are_located_in_printed_text():
+    m = eqsat.parse(fn("  %a = add %x, %y : f32[4]\n  return %a"))
+    f = m["f"]
+    bad = f.body[0].__class__(("a",), "add", ("x", "y"), (), (eqsat.f32[5],))
+    broken = m.replace([f.__class__(f.name, f.params, f.result_types, (bad,), f.returns)])
+    with pytest.raises(VerifyError) as info:
+        eqsat.verify(broken)
+    assert info.value.line == 4 and "<printed module>" in str(info.value)
+
+
+def test_interpret_input_errors():
+    m = eqsat.parse(fn("  %a = add %x, %y : f32[4]\n  return %a"))
+    import numpy as np
+
+    x = np.zeros(4, np.float32)
+    with pytest.raises(eqsat.InterpretError, match=r"takes 2 argument\(s\)"):
+        eqsat.interpret(m, "f", x)
+    with pytest.raises(eqsat.InterpretError, match=r"must have shape \[4\]"):
+        eqsat.interpret(m, "f", x, np.zeros(5, np.float32))
+    with pytest.raises(eqsat.InterpretError, match="got a float64 array"):
+        eqsat.interpret(m, "f", x, np.zeros(4))
+    with pytest.raises(eqsat.Error, match="has no function @g"):
+        eqsat.interpret(m, "g", x, x)
