@@ -1,0 +1,252 @@
+"""`@function`: trace a Python function once into an IR Function; `TracedFunction` wraps it.
+
+A traced function carries the IR items it needs (its callees first, itself last), so
+`Module(f)` brings them along; called with traced values it becomes a `call` statement, called
+with numpy arrays it runs the reference interpreter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import re
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..errors import Error, InterpretError
+from .dsl_trace import Tracer, active_trace, constant, describe, literal, trace_error, tracing
+from .interpreter import interpret
+from .module import Function, GradDecl, Item, Module, Param, Stmt, _expand
+from .printer import format_function, format_grad_decl
+from .types import TensorType, shape_problem
+from .verifier import Signature, signatures, verify
+
+_IR_NAME = re.compile(r"[A-Za-z0-9_]+\Z")
+
+# Every name handed out in this process, with the item that holds it: two different functions
+# never share a name, so a module built from any of them verifies. Identical IR keeps its name.
+_NAMES: dict[str, Item] = {}
+_NAMES_LOCK = threading.Lock()
+
+
+def _unique(item: Item) -> Item:
+    """`item` under its own name, or under `name_2`, `name_3`, ... if a different item holds it."""
+    with _NAMES_LOCK:
+        n = 1
+        while True:
+            name = item.name if n == 1 else f"{item.name}_{n}"
+            candidate = item if n == 1 else dataclasses.replace(item, name=name)
+            held = _NAMES.get(name)
+            if held is None or held == candidate:
+                _NAMES[name] = candidate
+                return candidate
+            n += 1
+
+
+def _closure(items: Iterable[Any]) -> tuple[Item, ...]:
+    """The IR items that `items` stand for, callees before callers, each once."""
+    out: dict[str, Item] = {}
+    for item in items:
+        for it in _expand(item):
+            held = out.setdefault(it.name, it)
+            if held != it:
+                raise Error(f"two different functions are named @{it.name}; give one of them "
+                            f"another name")
+    return tuple(out.values())
+
+
+class TracedFunction:
+    """An IR function with the items it calls; call it in a trace (a `call`) or on arrays."""
+
+    # How an eager call runs: eqsat's facade may install its own (one that expands gradients).
+    runner: Callable[..., Any] = staticmethod(interpret)
+
+    def __init__(self, ir: Function | GradDecl, items: tuple[Item, ...],
+                 fn: Callable[..., Any] | None = None):
+        self.ir = ir
+        self.name = ir.name
+        self.fn = fn
+        self._items = items
+        self._module: Module | None = None
+        self._signature: Signature | None = None
+
+    @classmethod
+    def from_ir(cls, function: Function | GradDecl, items: Iterable[Any] = ()) -> TracedFunction:
+        """Wrap an IR function (or gradient declaration) and the items it refers to.
+
+        `items` may hold Functions, GradDecls and TracedFunctions; their callees come along.
+        The name is made unique as for traced functions: read it back from `.name`.
+        """
+        if not isinstance(function, (Function, GradDecl)):
+            raise Error(f"TracedFunction.from_ir takes a Function or GradDecl, "
+                        f"not {type(function).__name__}")
+        deps = _closure(items)
+        ir = _unique(function)
+        out = cls(ir, _closure(deps + (ir,)))
+        out.module  # verify now, so a bad function fails where it is made
+        return out
+
+    def __eqsat_items__(self) -> list[Item]:
+        """The IR items this function needs, callees first, itself last (for `Module`)."""
+        return list(self._items)
+
+    @property
+    def module(self) -> Module:
+        """A verified module of this function and everything it calls."""
+        if self._module is None:
+            module = verify(Module.of(self.name, self._items))
+            object.__setattr__(module, "_verified", True)
+            self._module = module
+        return self._module
+
+    @property
+    def signature(self) -> Signature:
+        """The parameters and result types a caller sees."""
+        if self._signature is None:
+            if isinstance(self.ir, Function):
+                self._signature = Signature(self.ir.params, self.ir.result_types)
+            else:
+                self._signature = signatures(self.module)[self.name]
+        return self._signature
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        traced = any(isinstance(v, Tracer) for v in (*args, *kwargs.values()))
+        values = self._bind(args, kwargs, trace_error if traced else InterpretError)
+        if traced:
+            return self._emit_call(values)
+        return type(self).runner(self.module, self.name, *values)
+
+    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+              error: Callable[[str], Error]) -> list[Any]:
+        params = self.signature.params
+        if len(args) > len(params):
+            raise error(f"@{self.name} takes {len(params)} argument(s), got {len(args)}")
+        values: dict[str, Any] = {p.name: a for p, a in zip(params, args)}
+        for key, value in kwargs.items():
+            if key not in {p.name for p in params}:
+                raise error(f"@{self.name} has no parameter {key!r}")
+            if key in values:
+                raise error(f"@{self.name} got two values for parameter {key!r}")
+            values[key] = value
+        missing = [p.name for p in params if p.name not in values]
+        if missing:
+            raise error(f"@{self.name} is missing argument(s) {', '.join(missing)}")
+        return [values[p.name] for p in params]
+
+    def _emit_call(self, values: list[Any]) -> Tracer | tuple[Tracer, ...]:
+        what = f"call @{self.name}"
+        trace = active_trace(what, values)
+        sig = self.signature
+        operands = []
+        for i, (v, p) in enumerate(zip(values, sig.params)):
+            if isinstance(v, Tracer):
+                if v.type != p.type:
+                    raise trace_error(f"argument {i + 1} of @{self.name} (%{p.name}) must be "
+                                      f"{p.type}, got {v.type}")
+                operands.append(v)
+            else:
+                operands.append(constant(trace, literal(v, p.type, what), p.type))
+        if not any(c is self for c in trace.callees):
+            trace.callees.append(self)
+        names = tuple(trace.fresh() for _ in sig.results)
+        trace.body.append(Stmt(names, "call", tuple(o.name for o in operands),
+                               (("callee", self.name),), sig.results))
+        outs = tuple(Tracer(trace, n, t) for n, t in zip(names, sig.results))
+        return outs[0] if len(outs) == 1 else outs
+
+    def __str__(self) -> str:
+        blocks = ["\n".join(format_function(it)) if isinstance(it, Function)
+                  else format_grad_decl(it) for it in self._items]
+        return "\n\n".join(blocks) + "\n"
+
+    __repr__ = __str__
+
+
+def _param_types(fn: Callable[..., Any], name: str) -> tuple[list[Param], list[bool], Any]:
+    """The annotated parameters of `fn`, whether each is keyword-only, and the return note."""
+    try:
+        annotations = inspect.get_annotations(fn, eval_str=True)
+        parameters = inspect.signature(fn).parameters.values()
+    except Exception as e:  # annotations are arbitrary user expressions
+        raise trace_error(f"cannot read the annotations of {name}: {e}") from None
+    params, keyword_only = [], []
+    for p in parameters:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise trace_error(f"{name}: *{p.name} parameters are not supported; every parameter "
+                              f"needs its own type, e.g. `x: eqsat.f32[128, 784]`")
+        if p.name not in annotations:
+            raise trace_error(f"parameter {p.name!r} of {name} has no type annotation; write "
+                              f"e.g. `{p.name}: eqsat.f32[128, 784]`")
+        t = annotations[p.name]
+        if not isinstance(t, TensorType):
+            raise trace_error(f"parameter {p.name!r} of {name} is annotated {t!r}, not a tensor "
+                              f"type such as eqsat.f32[128, 784] (a scalar is eqsat.f32[()])")
+        if problem := shape_problem(t.shape):
+            raise trace_error(f"parameter {p.name!r} of {name}: {problem}")
+        if not _IR_NAME.match(p.name):
+            raise trace_error(f"parameter {p.name!r} of {name}: IR names use ASCII letters, "
+                              f"digits and _ only")
+        params.append(Param(p.name, t))
+        keyword_only.append(p.kind is p.KEYWORD_ONLY)
+    return params, keyword_only, annotations.get("return")
+
+
+def _results(out: Any, trace: Any, name: str, note: Any) -> tuple[Tracer, ...]:
+    """The traced values `fn` returned, checked against its return annotation if it has one."""
+    if out is None:
+        raise trace_error(f"{name} returns nothing; a traced function returns traced values")
+    results = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if not results:
+        raise trace_error(f"{name} returns an empty {type(out).__name__}")
+    for i, r in enumerate(results):
+        if not isinstance(r, Tracer):
+            raise trace_error(f"{name} returns {describe(r)} (result {i + 1}); a traced function "
+                              f"returns expressions of its parameters")
+        if r.trace is not trace:
+            raise trace_error(f"{name} returns %{r.name} of @{r.trace.name}, captured from "
+                              f"another function; pass it as a parameter")
+    notes = note if isinstance(note, tuple) else (note,)
+    if all(isinstance(t, TensorType) for t in notes):
+        got = tuple(r.type for r in results)
+        if notes != got:
+            raise trace_error(f"{name} is annotated to return {', '.join(map(str, notes))} but "
+                              f"returns {', '.join(map(str, got))}")
+    return results
+
+
+def function(fn: Callable[..., Any]) -> TracedFunction:
+    """Trace `fn` once, now, into IR: its parameters must be annotated like `eqsat.f32[3, 4]`.
+
+    >>> from eqsat.ir.types import DType
+    >>> @function
+    ... def double(x: DType.f32[3]):
+    ...     return x * 2.0
+    >>> print(double, end="")
+    func @double(%x: f32[3]) -> f32[3] {
+      %0 = const 2.0 : f32[3]
+      %1 = mul %x, %0 : f32[3]
+      return %1
+    }
+    """
+    if isinstance(fn, TracedFunction):
+        return fn
+    if not callable(fn):
+        raise trace_error(f"@eqsat.function decorates a Python function, not {describe(fn)}")
+    name = getattr(fn, "__name__", "") or ""
+    if not _IR_NAME.match(name):
+        raise trace_error(f"cannot trace {name or fn!r}: a traced function needs a name of ASCII "
+                          f"letters, digits and _ (use a def, not a lambda)")
+    params, keyword_only, note = _param_types(fn, name)
+    with tracing(name) as trace:
+        tracers = [Tracer(trace, p.name, p.type) for p in params]
+        out = fn(*[t for t, k in zip(tracers, keyword_only) if not k],
+                 **{t.name: t for t, k in zip(tracers, keyword_only) if k})
+    results = _results(out, trace, name, note)
+    ir = _unique(Function(name, tuple(params), tuple(r.type for r in results), tuple(trace.body),
+                          tuple(r.name for r in results)))
+    traced = TracedFunction(ir, _closure((*trace.callees, ir)), fn)
+    traced.module  # verify: the statements were typed one by one, this checks the whole
+    functools.update_wrapper(traced, fn)
+    return traced
