@@ -1,0 +1,210 @@
+"""Branch-free exp, log, tanh, sigmoid and pow kernels (f32 and f64), written with `Emit`.
+
+exp: Cody-Waite reduction x = n ln2 + r (ln2 in two parts, fused multiply-adds), a polynomial
+for e^r on |r| <= ln2/2, and 2^n applied as two exact power-of-two factors so that results in
+the subnormal range are rounded once. log: x = 2^k m with m in [sqrt(1/2), sqrt(2)),
+log m = 2 atanh(f / (2 + f)) with f = m - 1, arranged so the large terms are exact.
+pow: exp(y log|x|) with the log carried in double-double (f64) or in f64 (f32), then the C99
+special cases (signs for odd integer exponents, NaN for negative bases, 0 and inf) by selects.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+from llvmlite import ir
+
+from eqsat.backend import mathlib_fit as fit
+from eqsat.backend.mathlib_emit import Emit, Value
+
+INF = float("inf")
+NAN = float("nan")
+
+
+def _consts(e: Emit) -> dict[str, Any]:
+    return _consts_for(e.bits)
+
+
+@functools.cache
+def _consts_for(bits: int) -> dict[str, Any]:
+    sig = 53 if bits == 64 else 24
+    ln2 = fit.ln2()
+    return {
+        "log2e": float(fit.round_bits(1 / ln2, sig)),
+        "ln2": fit.split(ln2, sig, 2),
+        # few leading bits: k * ln2_hi is exact for every exponent k
+        "ln2_k": fit.split(ln2, sig, 2, head_bits=sig - 12),
+        "max": float(np.finfo(np.float64 if bits == 64 else np.float32).max),
+        "min_normal": 2.0 ** (-1022 if bits == 64 else -126),
+        "xmax": fit.exp_overflow(bits),
+        # clamps keep n in a range where n/2 is a normal exponent; beyond them exp is 0 or inf
+        "clamp_hi": 720.0 if bits == 64 else 100.0,
+        "clamp_lo": -760.0 if bits == 64 else -120.0,
+    }
+
+
+def _reduce(e: Emit, x: Value, clamp: bool = True) -> tuple[Value, Value]:
+    """x -> (n, r) with x = n ln2 + r, |r| <= ln2/2. With `clamp`, x is first clamped and NaN
+    becomes 0 (callers restore it) so that the integer conversion of n never sees NaN;
+    without, the caller guarantees a finite x within the clamps."""
+    k = _consts(e)
+    xc = x
+    if clamp:
+        xc = e.sel(e.gt(x, k["clamp_hi"]), k["clamp_hi"], x)
+        xc = e.sel(e.lt(xc, k["clamp_lo"]), k["clamp_lo"], xc)
+        xc = e.sel(e.isnan(x), 0.0, xc)
+    n = e.rint(e.mul(xc, k["log2e"]))
+    ln2_hi, ln2_lo = k["ln2"]
+    r = e.fma(e.neg(n), ln2_hi, xc)  # exact: the difference fits in the format
+    return n, e.fma(e.neg(n), ln2_lo, r)
+
+
+def _expm1_reduced(e: Emit, r: Value) -> Value:
+    """e^r - 1 for |r| <= ln2/2: r + r^2 g(r)."""
+    g = e.horner(r, fit.coefficients("exp", e.bits))
+    return e.fma(e.mul(r, r), g, r)
+
+
+def _scale(e: Emit, p: Value, n: Value) -> Value:
+    """p * 2^n as two power-of-two factors, each normal, so only the last product rounds."""
+    ni = e.to_int(n)
+    n1 = e.b.ashr(ni, e.ci(1))
+    n2 = e.b.sub(ni, n1)
+    return e.mul(e.mul(p, e.pow2i(n1)), e.pow2i(n2))
+
+
+def exp_(e: Emit, x: Value, x_lo: Value | None = None) -> Value:
+    """e^(x + x_lo); x_lo is an optional low part (double-double argument, used by pow)."""
+    k = _consts(e)
+    n, r = _reduce(e, x)
+    if x_lo is not None:
+        r = e.add(r, e.sel(e.lt(e.fabs(x), k["clamp_hi"]), x_lo, 0.0))
+    p = e.add(_expm1_reduced(e, r), 1.0)
+    res = _scale(e, p, n)
+    # Overflow exactly where the correctly rounded exp overflows (sigmoid's 1/(1+e^-x) is 0
+    # beyond it, so being off by one ulp there would be off by millions of subnormal ulps).
+    res = e.sel(e.gt(res, k["max"]), k["max"], res)
+    res = e.sel(e.gt(x, k["xmax"]), INF, res)
+    return e.sel(e.isnan(x), x, res)
+
+
+def expm1_pos(e: Emit, x: Value) -> Value:
+    """e^x - 1 for x >= 0, clamped to a finite value for large x and NaN (tanh needs no more)."""
+    limit = 80.0 if e.bits == 64 else 40.0
+    x = e.sel(e.ugt(x, limit), limit, x)
+    n, r = _reduce(e, x, clamp=False)
+    s = e.pow2i(e.to_int(n))
+    return e.fma(s, _expm1_reduced(e, r), e.sub(s, 1.0))  # s - 1 is exact where it matters
+
+
+def sigmoid(e: Emit, x: Value) -> Value:
+    """1 / (1 + e^-x), rounded step by step exactly like the numpy formula."""
+    return e.div(1.0, e.add(1.0, exp_(e, e.neg(x))))
+
+
+def tanh(e: Emit, x: Value) -> Value:
+    """Odd polynomial for small |x|; elsewhere tanh|x| = m / (m + 2), m = e^(2|x|) - 1."""
+    ax = e.fabs(x)
+    z = e.mul(x, x)
+    small = e.fma(e.mul(ax, z), e.horner(z, fit.coefficients(f"tanh{e.bits}", e.bits)), ax)
+    m = expm1_pos(e, e.add(ax, ax))
+    res = e.sel(e.lt(ax, fit.TANH_SMALL[e.bits]), small, e.div(m, e.add(m, 2.0)))
+    # computed on |x| and signed last, so that tanh(-0) = -0
+    return e.sel(e.isnan(x), x, e.copysign(res, x))
+
+
+def _log_split(e: Emit, x: Value) -> tuple[Value, Value]:
+    """Positive finite x -> (k as float, f) with x = 2^k (1 + f), 1 + f in [sqrt(1/2), sqrt(2));
+    f is exact. Subnormals are first scaled into the normal range."""
+    k = _consts(e)
+    tiny = e.lt(x, k["min_normal"])
+    up = e.mant + 2
+    xs = e.sel(tiny, e.mul(x, float(2**up)), x)
+    bits = e.to_bits(xs)
+    sqrt_half = 0x3FE6A09E667F3BCD if e.bits == 64 else 0x3F3504F3
+    kk = e.b.ashr(e.b.sub(bits, e.ci(sqrt_half)), e.ci(e.mant))
+    m = e.from_bits(e.b.sub(bits, e.b.shl(kk, e.ci(e.mant))))
+    kk = e.b.sub(kk, e.b.select(tiny, e.ci(up), e.ci(0)))
+    return e.to_float(kk), e.sub(m, 1.0)
+
+
+def log(e: Emit, x: Value) -> Value:
+    """Natural log: k ln2 + log(1 + f), special values by selects."""
+    kc = _consts(e)
+    kf, f = _log_split(e, x)
+    s = e.div(f, e.add(f, 2.0))
+    z = e.mul(s, s)
+    big_r = e.mul(z, e.horner(z, fit.coefficients("log_p", e.bits)))
+    hfsq = e.mul(e.mul(f, f), 0.5)
+    ln2_hi, ln2_lo = kc["ln2_k"]
+    # log(1+f) = f - hfsq + s (hfsq + R); the exact f leads, small terms are summed first.
+    tail = e.fma(kf, ln2_lo, e.mul(s, e.add(hfsq, big_r)))
+    res = e.add(e.mul(kf, ln2_hi), e.sub(f, e.sub(hfsq, tail)))
+    res = e.sel(e.eq(x, INF), INF, res)
+    res = e.sel(e.eq(x, 0.0), -INF, res)
+    return e.sel(e.or_(e.lt(x, 0.0), e.isnan(x)), NAN, res)
+
+
+def _log_dd(e: Emit, x: Value) -> tuple[Value, Value]:
+    """log x for positive x as a double-double (hi, lo), relative error about 2^-64 (f64)."""
+    kc = _consts(e)
+    kf, f = _log_split(e, x)
+    d = e.add(f, 2.0)
+    d_lo = e.sub(f, e.sub(d, 2.0))  # exact: |2| >= |f|
+    s = e.div(f, d)
+    s_lo = e.div(e.sub(e.fma(e.neg(s), d, f), e.mul(s, d_lo)), d)
+    # (2/3) s^3 carried in double-double, the rest of the atanh series in plain arithmetic
+    s2, s2_lo = e.two_prod(s, s)
+    s2_lo = e.fma(e.add(s, s), s_lo, s2_lo)
+    s3, s3_lo = e.two_prod(s2, s)
+    s3_lo = e.fma(s2_lo, s, e.fma(s2, s_lo, s3_lo))
+    c_hi, c_lo = fit.split(fit.Fraction(2, 3), 53, 2)
+    t_hi, t_lo = e.two_prod(s3, c_hi)
+    t_lo = e.fma(s3_lo, c_hi, e.fma(s3, c_lo, t_lo))
+    rest = e.mul(e.mul(s3, s2), e.horner(s2, fit.coefficients("log_q", e.bits)))
+    ln2_hi, ln2_lo = kc["ln2_k"]
+    h1, l1 = e.fast_two_sum(e.add(s, s), t_hi)
+    h2, l2 = e.two_sum(e.mul(kf, ln2_hi), h1)
+    lo = e.add(e.add(l1, l2), e.add(e.add(s_lo, s_lo), e.add(t_lo, rest)))
+    lo = e.fma(kf, ln2_lo, lo)
+    return e.fast_two_sum(h2, lo)
+
+
+def _pow_magnitude_f64(e: Emit, ax: Value, y: Value) -> Value:
+    """|x|^y = e^(y log|x|) with the product in double-double, for f64."""
+    l_hi, l_lo = _log_dd(e, ax)
+    # log 0 = -inf and log inf = inf make y log|x| give the right 0 / inf limits
+    l_hi = e.sel(e.eq(ax, 0.0), -INF, e.sel(e.eq(ax, INF), INF, l_hi))
+    l_hi = e.sel(e.isnan(ax), ax, l_hi)
+    t_hi, t_lo = e.two_prod(y, l_hi)
+    t_lo = e.fma(y, l_lo, t_lo)
+    return exp_(e, t_hi, e.sel(e.isnan(t_lo), 0.0, t_lo))
+
+
+def _pow_special(e: Emit, x: Value, y: Value, mag: Value) -> Value:
+    """C99 / numpy pow special cases around the magnitude |x|^y."""
+    ax = e.fabs(x)
+    fy = e.floor(y)
+    y_int = e.eq(fy, y)  # true for +-inf, false for NaN
+    half = e.mul(y, 0.5)
+    y_odd = e.and_(y_int, e.ne_or_nan(e.floor(half), half))
+    x_signed = e.b.icmp_signed("<", e.to_bits(x), e.ci(0))
+    res = e.sel(e.and_(x_signed, y_odd), e.neg(mag), mag)
+    neg_finite = e.and_(e.lt(x, 0.0), e.gt(x, -INF))
+    res = e.sel(e.and_(neg_finite, e.not_(y_int)), NAN, res)
+    res = e.sel(e.and_(e.eq(ax, 1.0), e.eq(e.fabs(y), INF)), 1.0, res)
+    res = e.sel(e.eq(x, 1.0), 1.0, res)
+    return e.sel(e.eq(y, 0.0), 1.0, res)
+
+
+def pow_(e: Emit, x: Value, y: Value) -> Value:
+    """x ** y with numpy's float semantics (negative bases with integer exponents included)."""
+    if e.bits == 64:
+        return _pow_special(e, x, y, _pow_magnitude_f64(e, e.fabs(x), y))
+    # f32: f64 log and exp are accurate enough that only the final rounding shows
+    d = e.at(ir.DoubleType())
+    xd, yd = e.widen(x, d.ty), e.widen(y, d.ty)
+    mag = exp_(d, d.mul(yd, log(d, d.fabs(xd))))
+    return e.narrow(_pow_special(d, xd, yd, mag), e.ty)
