@@ -98,6 +98,11 @@ class Function:
     def param_types(self) -> tuple[TensorType, ...]:
         return tuple(p.type for p in self.params)
 
+    def __str__(self) -> str:
+        from .printer import format_function
+
+        return "\n".join(format_function(self)) + "\n"
+
     def types(self) -> dict[str, TensorType]:
         """The type of every value by name: parameters and statement results."""
         env = {p.name: p.type for p in self.params}
