@@ -1,0 +1,363 @@
+"""Property-based soundness check: instantiate each rule on random shapes and values, compare.
+
+For each rule, hypothesis draws a seed; from it the checker draws types for the left side's
+variables (small dims, shapes shared between variables often, so that guards and matmul chains
+are satisfiable), attributes left open, and values in [-4, 4] mixed with 0, -0, 1, -1 and
+tiny/negative numbers. Instances whose left side does not verify or whose condition is false
+are redrawn. Both sides become IR functions, run by the reference interpreter, and are compared
+(float tolerance scaled to the magnitudes involved; NaN must match NaN). A right side that does
+not verify, or a difference, raises `UnsoundRule` with the rule name and the counterexample.
+The check is of real-number identities over a bounded range: floating-point overflow far out
+(log(exp(x)) for x > 88) is outside it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ..errors import Error, UnsoundRule
+from ..ir.interpreter import interpret_function
+from ..ir.module import Function, Module, Param, Stmt
+from ..ir.ops import INT, INTS, OPS
+from ..ir.types import DTYPES, DType, TensorType
+from ..ir.verifier import verify
+from .lang import Arith, Cond, Fn, Node, Num, Pattern, Rule, RuleSet, Var
+
+_ATTEMPTS = 300
+_SPECIAL = (0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, 1e-3, -1e-3)
+
+
+class CheckError(Error):
+    """A rule whose left side and condition could not be instantiated at all."""
+
+
+class _Reject(Exception):
+    pass
+
+
+class _IllTyped(Exception):
+    def __init__(self, message: str, module: Module, arrays: list[np.ndarray]):
+        super().__init__(message)
+        self.module, self.arrays = module, arrays
+
+
+def _random_shape(rng: random.Random, rank: int) -> tuple[int, ...]:
+    return tuple(rng.choice((1, 2, 3)) for _ in range(rank))
+
+
+class _Instance:
+    """One attempt at instantiating a rule: variable types, attributes, values."""
+
+    def __init__(self, rule: Rule, rng: random.Random):
+        self.rule, self.rng = rule, rng
+        self.sorts: dict[str, str] = rule.__dict__["sorts"]
+        self.rank = rng.choice((0, 1, 2, 2, 3))
+        self.types: dict[str, TensorType] = {}
+        self.attrs: dict[str, Any] = {}
+        self.values: dict[str, float] = {}
+        self.shapes: list[tuple[int, ...]] = []
+        self.dtype = rng.choice((DType.f32, DType.f32, DType.f64))
+        self.body: list[Stmt] = []
+        self.env: dict[str, str] = {}
+
+    def shape(self) -> tuple[int, ...]:
+        if self.shapes and self.rng.random() < 0.6:
+            return self.rng.choice(self.shapes)
+        s = _random_shape(self.rng, self.rank if self.rng.random() < 0.7 else
+                          self.rng.choice((0, 1, 2, 3)))
+        self.shapes.append(s)
+        return s
+
+    def var_type(self, v: Var, kinds: set[str]) -> TensorType:
+        if v.name not in self.types:
+            if kinds == {"bool"}:
+                dt = DType.bool
+            elif "float" in kinds:
+                dt = self.dtype if self.rng.random() < 0.9 or "int" not in kinds else DType.i32
+            else:
+                dt = DType.i32
+            self.types[v.name] = TensorType(dt, self.shape())
+        return self.types[v.name]
+
+    def emit(self, op: str, args: list[str], attrs: dict, t: TensorType) -> str:
+        name = f"t{len(self.body)}"
+        self.body.append(Stmt((name,), op, tuple(args), tuple(attrs.items()), (t,)))
+        return name
+
+    def type_of(self, name: str, params: list[Param]) -> TensorType:
+        for p in params:
+            if p.name == name:
+                return p.type
+        for s in self.body:
+            if s.results[0] == name:
+                return s.types[0]
+        raise KeyError(name)
+
+    def attr(self, v: Any, make: Any) -> Any:
+        if isinstance(v, Var):
+            if v.name not in self.attrs:
+                self.attrs[v.name] = make()
+            return self.attrs[v.name]
+        return make() if v is None else v
+
+    def value(self, v: Any) -> float:
+        if isinstance(v, Num):
+            return v.value
+        if isinstance(v, Var):
+            if v.name not in self.values:
+                self.values[v.name] = _draw_value(self.rng)
+            return self.values[v.name]
+        if v.op == "size":
+            x = v.args[0].name
+            shape = self.types[x].shape if x in self.types else self.attrs[x]
+            return float(math.prod(shape))
+        a = [self.value(x) for x in v.args]
+        if v.op == "neg":
+            return -a[0]
+        if v.op == "/" and a[1] == 0:
+            raise _Reject
+        if v.op == "+":
+            return a[0] + a[1]
+        if v.op == "-":
+            return a[0] - a[1]
+        return a[0] * a[1] if v.op == "*" else a[0] / a[1]
+
+    def build(self, p: Pattern, params: list[Param], sibling: TensorType | None,
+              lhs: bool) -> str:
+        if isinstance(p, Var):
+            if p.name not in self.env:
+                if not lhs:
+                    raise _Reject
+                kinds = {"bool", "int", "float"}
+                t = self.var_type(p, kinds if sibling is None else {
+                    "bool" if sibling.dtype is DType.bool else
+                    ("float" if sibling.dtype.is_float else "int")})
+                if sibling is not None and self.rng.random() < 0.8:
+                    t = self.types[p.name] = sibling
+                params.append(Param(p.name, t))
+                self.env[p.name] = p.name
+            return self.env[p.name]
+        op = OPS[p.op]
+        a = p.attr
+        if p.op == "const":
+            t = self.written_type(p, None, sibling)
+            value = self.value(a["value"])
+            if t.dtype is DType.bool:
+                value = bool(value)
+            elif t.dtype.is_int:
+                if isinstance(value, float):
+                    raise _Reject
+            else:
+                value = float(value)
+            return self.emit("const", [], {"value": value}, t)
+        args: list[str] = []
+        sib = sibling if op.family in ("unary", "binary", "compare", "select") else None
+        for arg in p.args:
+            name = self.build(arg, params, sib, lhs)
+            args.append(name)
+            t = self.type_of(name, params)
+            if op.family in ("binary", "compare") or p.op == "select" and len(args) > 1:
+                sib = t
+        attrs = {}
+        x = self.type_of(args[0], params) if args else None
+        for key, kind in op.attrs:
+            attrs[key] = self.attr(a.get(key), lambda: self.random_attr(p.op, key, kind, x))
+        t = self.written_type(p, x, sibling) if op.written_type else None
+        if t is None:
+            ins = [self.type_of(n, params) for n in args]
+            try:
+                t = op.infer(ins, attrs, None)
+            except Exception as e:
+                if lhs:
+                    raise _Reject from None
+                raise _IllTyped(f"{p.op}: {e}", Module(), []) from None
+        return self.emit(p.op, args, attrs, t)
+
+    def random_attr(self, op: str, key: str, kind: str, x: TensorType | None) -> Any:
+        rank = x.rank if x is not None else self.rank
+        if key == "perm":
+            perm = list(range(rank))
+            self.rng.shuffle(perm)
+            return tuple(perm)
+        if key == "axes":
+            return tuple(i for i in range(rank) if self.rng.random() < 0.5)
+        if key in ("start", "stop") and x is not None:
+            return tuple(0 if key == "start" else d for d in x.shape)
+        if kind == INT:
+            return self.rng.randrange(max(rank, 1))
+        if kind == INTS:
+            return _random_shape(self.rng, rank)
+        raise _Reject
+
+    def written_type(self, p: Node, x: TensorType | None, sibling: TensorType | None
+                     ) -> TensorType:
+        a = p.attr
+        if "like" in a:
+            return self.types[a["like"].name]
+        dt = a.get("dtype")
+        dtype = DTYPES[self.attr(dt, lambda: self.dtype.value)] if dt is not None else None
+        shape = a.get("shape")
+        if shape is not None:
+            shape = self.attr(shape, lambda: self.target_shape(p.op, x))
+        if sibling is not None:
+            dtype, shape = dtype or sibling.dtype, shape if shape is not None else sibling.shape
+        if dtype is None:
+            if p.op == "const":
+                v = a["value"]
+                dtype = DType.i32 if isinstance(v, Num) and isinstance(v.value, int) else self.dtype
+            else:
+                dtype = x.dtype if p.op != "cast" else self.dtype
+        if shape is None:
+            shape = self.target_shape(p.op, x)
+        return TensorType(dtype, tuple(shape))
+
+    def target_shape(self, op: str, x: TensorType | None) -> tuple[int, ...]:
+        if x is None:
+            return self.shape()
+        if op == "broadcast":
+            lead = _random_shape(self.rng, self.rng.choice((0, 1)))
+            return lead + tuple(d if d != 1 else self.rng.choice((1, 2, 3)) for d in x.shape)
+        if op == "reshape":
+            return self.rng.choice(((x.size,), tuple(reversed(x.shape)), (1,) + x.shape))
+        return x.shape
+
+    def holds(self, c: Cond) -> bool:
+        if c.op == "is_float":
+            return self.types[c.left.name].dtype.is_float
+        left, right = self.term(c.left), self.term(c.right)
+        return {"==": left == right, "!=": left != right, "<": left < right,
+                "<=": left <= right, ">": left > right, ">=": left >= right}[c.op]
+
+    def term(self, t: Any) -> Any:
+        if isinstance(t, Fn):
+            name = t.var.name
+            if self.sorts[name] == "tensor":
+                ty = self.types[name]
+                shape, dtype = ty.shape, ty.dtype.value
+            else:
+                shape, dtype = tuple(self.attrs[name]), None
+            if t.name == "dim":
+                if not -len(shape) <= t.index < len(shape):
+                    raise _Reject
+                return shape[t.index]
+            return {"shape": shape, "rank": len(shape), "size": math.prod(shape),
+                    "dtype": dtype, "len": len(shape)}[t.name]
+        if isinstance(t, Var):
+            return self.attrs.get(t.name, self.types.get(t.name))
+        return t
+
+
+def _draw_value(rng: random.Random) -> float:
+    if rng.random() < 0.3:
+        return rng.choice(_SPECIAL)
+    return rng.randint(-32, 32) / 8.0
+
+
+def _instantiate(rule: Rule, rng: random.Random) -> tuple[Module, list[np.ndarray]]:
+    inst = _Instance(rule, rng)
+    params: list[Param] = []
+    root = inst.build(rule.lhs, params, None, lhs=True)
+    lhs_body = list(inst.body)
+    t = inst.type_of(root, params)
+    lhs = Function("lhs", tuple(params), (t,), tuple(lhs_body), (root,))
+    try:
+        verify(Module(lhs))
+    except Error:
+        raise _Reject from None
+    if not all(inst.holds(c) for c in rule.conds):
+        raise _Reject
+    inst.body = []
+    arrays = [_array(rng, p.type) for p in params]
+    try:
+        rhs_root = inst.build(rule.rhs, params, t if isinstance(rule.rhs, Node) and OPS[
+            rule.rhs.op].family in ("unary", "binary", "select") else None, lhs=False)
+    except _IllTyped as e:
+        raise _IllTyped(str(e), Module(lhs), arrays) from None
+    rhs_type = inst.type_of(rhs_root, params)
+    rhs = Function("rhs", tuple(params), (rhs_type,), tuple(inst.body), (rhs_root,))
+    return Module(lhs, rhs), arrays
+
+
+def _array(rng: random.Random, t: TensorType) -> np.ndarray:
+    n = t.size
+    if t.dtype is DType.bool:
+        data = [rng.random() < 0.5 for _ in range(n)]
+    elif t.dtype.is_int:
+        data = [rng.randint(-5, 5) for _ in range(n)]
+    else:
+        data = [_draw_value(rng) for _ in range(n)]
+    return np.array(data, dtype=t.dtype.np).reshape(t.shape)
+
+
+def _close(a: np.ndarray, b: np.ndarray, scale: float) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind != "f":
+        return bool(np.array_equal(a, b))
+    rtol = 1e-3 if a.dtype == np.float32 else 1e-9
+    return bool(np.allclose(a, b, rtol=rtol, atol=rtol * scale, equal_nan=True))
+
+
+def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True) -> None:
+    """Check one rule on `examples` random instances; raises UnsoundRule on a difference."""
+    found = [0]
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+    @given(st.integers(0, 2**32 - 1))
+    def run(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(_ATTEMPTS):
+            try:
+                module, arrays = _instantiate(rule, rng)
+                break
+            except _Reject:
+                continue
+            except _IllTyped as e:
+                raise UnsoundRule(f"rule {rule.name}: the right-hand side is ill-typed for "
+                                  f"{_describe(e.module['lhs'], e.arrays)}: {e}") from None
+        else:
+            return
+        found[0] += 1
+        try:
+            verify(module)
+        except Error as e:
+            raise UnsoundRule(f"rule {rule.name}: the right-hand side is ill-typed for "
+                              f"{_describe(module['lhs'], arrays)}: {e}") from None
+        (left,) = interpret_function(module, "lhs", *arrays)
+        (right,) = interpret_function(module, "rhs", *arrays)
+        with np.errstate(all="ignore"):
+            mags = [np.max(np.abs(x)) for x in [left, right, *arrays]
+                    if x.size and x.dtype.kind in "fi"]
+            finite = [float(m) for m in mags if np.isfinite(m)]
+        scale = max([1.0] + finite) ** 2
+        if not _close(left, right, scale):
+            raise UnsoundRule(f"rule {rule.name} is unsound: {rule}\n  counterexample: "
+                              f"{_describe(module['lhs'], arrays)}\n  left side gives "
+                              f"{_fmt(left)}\n  right side gives {_fmt(right)}")
+
+    run()
+    if not found[0]:
+        raise CheckError(f"rule {rule.name}: no instance satisfies its left side and condition "
+                         f"(tried {examples} x {_ATTEMPTS} draws)")
+
+
+def _fmt(a: np.ndarray) -> str:
+    return f"{a.dtype}{list(a.shape)} " + np.array2string(a, precision=6, threshold=20)
+
+
+def _describe(f: Function, arrays: list[np.ndarray]) -> str:
+    return ", ".join(f"?{p.name} = {_fmt(a)}" for p, a in zip(f.params, arrays)) or "no inputs"
+
+
+def check(ruleset: RuleSet | Rule, examples: int = 40, derandomize: bool = True) -> None:
+    """Check every rule of a rule set; raises `eqsat.UnsoundRule` naming the first wrong one."""
+    rules = [ruleset] if isinstance(ruleset, Rule) else list(ruleset)
+    for rule in rules:
+        check_rule(rule, examples, derandomize)

@@ -1,0 +1,197 @@
+"""Compile checked rules to egglog `rewrite` commands over the constructors of `schema`.
+
+Values a right-hand side needs but cannot name (the dtype of a new broadcast, the shape behind
+`like=`, a computed constant) are bound in the rule's `:when` facts, so a rule whose computation
+fails (a division by zero, a missing shape) simply does not fire.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..ir.ops import INTS, OPS
+from ..ir.types import DTYPES
+from . import schema
+from .bridge import _float, _vec
+from .lang import Arith, Cond, Fn, Node, Num, Pattern, Rule, RuleSet, Var
+
+
+def _v(name: str) -> str:
+    return "v_" + name
+
+
+class _Compiler:
+    def __init__(self, rule: Rule):
+        self.rule = rule
+        self.facts: list[str] = []
+        self.n = 0
+
+    def fresh(self, prefix: str = "w") -> str:
+        self.n += 1
+        return f"_{prefix}{self.n}"
+
+    def bound(self, expr: str) -> str:
+        """A fresh query variable equal to `expr` (functions cannot be looked up in actions)."""
+        name = self.fresh("b")
+        self.facts.append(f"(= {name} {expr})")
+        return name
+
+    def attr(self, v: Any, kind: str) -> str:
+        if isinstance(v, Var):
+            return _v(v.name)
+        if kind == INTS:
+            return _vec(v)
+        if isinstance(v, str):
+            return f'"{v}"'
+        return str(int(v))
+
+    # ------------------------------------------------------------------ left-hand side
+
+    def lhs(self, p: Pattern) -> str:
+        if isinstance(p, Var):
+            return _v(p.name)
+        attrs = p.attr
+        if p.op == "const":
+            value = attrs["value"]
+            is_int = isinstance(value, Num) and isinstance(value.value, int)
+            lit = (str(value.value) if is_int else _float(value.value)) if isinstance(
+                value, Num) else _v(value.name)
+            dt = self.attr(attrs["dtype"], "") if "dtype" in attrs else self.fresh()
+            sh = self.attr(attrs["shape"], INTS) if "shape" in attrs else self.fresh()
+            return f"({'ConstI' if is_int else 'ConstF'} {lit} {dt} {sh})"
+        enc = schema.encodings()[p.op]
+        args = [self.lhs(a) for a in p.args]
+        if enc.variadic:
+            args = [_cons(args)]
+        for name, kind in enc.attrs:
+            args.append(self.attr(attrs[name], kind) if name in attrs else self.fresh())
+        if enc.written:
+            args.append(self.attr(attrs["dtype"], "") if "dtype" in attrs else self.fresh())
+            args.append(self.attr(attrs["shape"], INTS) if "shape" in attrs else self.fresh())
+        return f"({schema.ctor(p.op)} {' '.join(args)})"
+
+    # ------------------------------------------------------------------ right-hand side
+
+    def dtype_of(self, p: Pattern) -> str:
+        """An egglog expression (bound in the facts) for the dtype of a right-hand pattern."""
+        if isinstance(p, Var):
+            return self.bound(f"(dtype {_v(p.name)})")
+        attrs = p.attr
+        if "dtype" in attrs:
+            return self.attr(attrs["dtype"], "")
+        if "like" in attrs:
+            return self.bound(f"(dtype {_v(attrs['like'].name)})")
+        if OPS[p.op].family == "compare":
+            return '"bool"'
+        return self.dtype_of(p.args[1] if p.op == "select" else p.args[0])
+
+    def shape_of_written(self, p: Node) -> str:
+        attrs = p.attr
+        if "shape" in attrs:
+            return self.attr(attrs["shape"], INTS)
+        if "like" in attrs:
+            return self.bound(f"(shape {_v(attrs['like'].name)})")
+        return self.bound(f"(shape {_v(p.args[0].name)})")  # cast of a variable (typing checks)
+
+    def value(self, v: Any) -> str:
+        if isinstance(v, Num):
+            return _float(float(v.value))
+        if isinstance(v, Var):
+            return _v(v.name)
+        if v.op == "size":
+            name = _v(v.args[0].name)
+            sort = self.rule.__dict__["sorts"][v.args[0].name]
+            shape = self.bound(f"(shape {name})") if sort == "tensor" else name
+            return self.bound(f"(to-f64 (numel {shape}))")
+        if v.op == "neg":
+            return self.bound(f"(neg {self.value(v.args[0])})")
+        return self.bound(f"({v.op} {self.value(v.args[0])} {self.value(v.args[1])})")
+
+    def rhs(self, p: Pattern) -> str:
+        if isinstance(p, Var):
+            return _v(p.name)
+        attrs = p.attr
+        if p.op == "const":
+            value = attrs["value"]
+            is_int = isinstance(value, Num) and isinstance(value.value, int)
+            dt = self.dtype_of_const(p)
+            sh = self.shape_of_written(p)
+            # a float constant only for float dtypes, an integer one only for the others
+            self.facts.append(f"({'int' if is_int else 'float'}-dtype {dt})")
+            lit = str(value.value) if is_int else self.value(value)
+            return f"({'ConstI' if is_int else 'ConstF'} {lit} {dt} {sh})"
+        enc = schema.encodings()[p.op]
+        args = [self.rhs(a) for a in p.args]
+        if enc.variadic:
+            args = [_cons(args)]
+        args += [self.attr(attrs[name], kind) for name, kind in enc.attrs]
+        if enc.written:
+            dt = self.attr(attrs["dtype"], "") if "dtype" in attrs else (
+                self.bound(f"(dtype {_v(attrs['like'].name)})") if "like" in attrs
+                else self.dtype_of(p.args[0]))
+            args += [dt, self.shape_of_written(p)]
+        return f"({schema.ctor(p.op)} {' '.join(args)})"
+
+    def dtype_of_const(self, p: Node) -> str:
+        attrs = p.attr
+        if "dtype" in attrs:
+            return self.attr(attrs["dtype"], "")
+        return self.bound(f"(dtype {_v(attrs['like'].name)})")
+
+    # ------------------------------------------------------------------ conditions
+
+    def term(self, t: Any) -> str:
+        if isinstance(t, Fn):
+            x = _v(t.var.name)
+            sort = self.rule.__dict__["sorts"][t.var.name]
+            if t.name == "len":
+                return self.bound(f"(vec-length {x})")
+            if t.name == "dtype":
+                return self.bound(f"(dtype {x})")
+            shape = self.bound(f"(shape {x})") if sort == "tensor" else x
+            if t.name == "shape":
+                return shape
+            if t.name == "rank":
+                return self.bound(f"(vec-length {shape})")
+            if t.name == "size":
+                return self.bound(f"(numel {shape})")
+            index = str(t.index) if t.index >= 0 else self.bound(
+                f"(- (vec-length {shape}) {-t.index})")
+            return self.bound(f"(vec-get {shape} {index})")
+        if isinstance(t, Var):
+            return _v(t.name)
+        if isinstance(t, str) and t in DTYPES:
+            return f'"{t}"'
+        return str(int(t))
+
+    def cond(self, c: Cond) -> None:
+        if c.op == "is_float":
+            self.facts.append(f"(float-dtype {self.bound(f'(dtype {_v(c.left.name)})')})")
+            return
+        left, right = self.term(c.left), self.term(c.right)
+        egg = {"==": "=", "!=": "!="}.get(c.op, c.op)
+        self.facts.append(f"({egg} {left} {right})")
+
+
+def _cons(items: list[str]) -> str:
+    out = "(TNil)"
+    for item in reversed(items):
+        out = f"(TCons {item} {out})"
+    return out
+
+
+def compile_rule(rule: Rule) -> str:
+    """The egglog command for one rule (in the analysis or the rewrite ruleset)."""
+    c = _Compiler(rule)
+    lhs = c.lhs(rule.lhs)
+    for cond in rule.conds:
+        c.cond(cond)
+    rhs = c.rhs(rule.rhs)
+    ruleset = schema.ANALYSIS if rule.kind == "analysis" else schema.REWRITE
+    when = f" :when ({' '.join(c.facts)})" if c.facts else ""
+    return f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} :name "{rule.name}")'
+
+
+def compile_ruleset(rules: RuleSet) -> str:
+    """The egglog program for a whole rule set."""
+    return "\n".join(compile_rule(r) for r in rules)

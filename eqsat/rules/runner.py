@@ -1,0 +1,148 @@
+"""The saturation runner: short rounds, analysis to a fixpoint between them, limits that hold.
+
+egglog has no node limit and a running `run` cannot be interrupted, so each round is a single
+rewrite iteration (after the analysis rules have run to a fixpoint), and the limits are checked
+between rounds. Before a round starts the runner also predicts its size and duration from the
+growth of the last round; a round that would overshoot the node or time limit by more than its
+own size is not started (stop reason "node limit" / "time limit" with `predicted=True`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..ir.module import Module
+from . import schema
+from .bridge import EGraph, load
+from .compile import compile_ruleset
+from .lang import RuleSet
+
+SATURATED = "saturated"
+ITERATION_LIMIT = "iteration limit"
+NODE_LIMIT = "node limit"
+TIME_LIMIT = "time limit"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on saturation: rewrite iterations, tensor e-nodes, and wall-clock seconds."""
+
+    iterations: int = 30
+    nodes: int = 50_000
+    seconds: float = 10.0
+
+
+@dataclass
+class Round:
+    """One round: e-graph size after it, its duration, and the matches of each rule in it."""
+
+    nodes: int
+    seconds: float
+    matches: dict[str, int]
+
+
+@dataclass
+class Report:
+    """Why saturation stopped, the size after each round, and how often each rule fired."""
+
+    stop_reason: str
+    rounds: list[Round] = field(default_factory=list)
+    fired: Counter = field(default_factory=Counter)
+    initial_nodes: int = 0
+    seconds: float = 0.0
+    predicted: bool = False
+
+    @property
+    def sizes(self) -> list[int]:
+        """The e-graph size (tensor e-nodes) after loading and after each round."""
+        return [self.initial_nodes] + [r.nodes for r in self.rounds]
+
+    @property
+    def final_nodes(self) -> int:
+        return self.sizes[-1]
+
+    def __str__(self) -> str:
+        top = ", ".join(f"{k}={v}" for k, v in self.fired.most_common(8))
+        return (f"stopped: {self.stop_reason} after {len(self.rounds)} round(s), "
+                f"{self.seconds:.2f}s; nodes {' -> '.join(map(str, self.sizes))}; fired: {top}")
+
+
+_ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
+_ROUND = f"(run-schedule (saturate (run {schema.ANALYSIS})) (run {schema.REWRITE}))"
+
+
+def _matches(outputs: list) -> tuple[dict[str, int], bool]:
+    matches: dict[str, int] = {}
+    updated = False
+    for out in outputs:
+        report = getattr(out, "report", None)
+        if report is None:
+            continue
+        updated = updated or report.updated
+        for name, n in report.num_matches_per_rule.items():
+            matches[name] = matches.get(name, 0) + n
+    return matches, updated
+
+
+def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
+                    progress: bool = False) -> Report:
+    """Add `rules` to a loaded e-graph and run them within `limits`; returns the report."""
+    limits = limits or Limits()
+    start = time.perf_counter()
+    eg.run(compile_ruleset(rules))
+    names = set(rules.names())
+    first, _ = _matches(eg.run(_ANALYSIS))
+    report = Report(SATURATED, initial_nodes=eg.size())
+    report.fired.update({k: v for k, v in first.items() if k in names})
+    last_nodes, last_growth, last_seconds = report.initial_nodes, 1.0, 0.0
+    while True:
+        elapsed = time.perf_counter() - start
+        if len(report.rounds) >= limits.iterations:
+            report.stop_reason = ITERATION_LIMIT
+            break
+        if last_nodes >= limits.nodes:
+            report.stop_reason = NODE_LIMIT
+            break
+        if elapsed >= limits.seconds:
+            report.stop_reason = TIME_LIMIT
+            break
+        # Do not start a round that would land far beyond a limit (it cannot be interrupted).
+        if report.rounds and last_nodes * last_growth > 2 * limits.nodes:
+            report.stop_reason, report.predicted = NODE_LIMIT, True
+            break
+        if report.rounds and elapsed + last_seconds * last_growth > 1.5 * limits.seconds:
+            report.stop_reason, report.predicted = TIME_LIMIT, True
+            break
+        t0 = time.perf_counter()
+        matches, updated = _matches(eg.run(_ROUND))
+        nodes = eg.size()
+        seconds = time.perf_counter() - t0
+        fired = {k: v for k, v in matches.items() if k in names}
+        report.rounds.append(Round(nodes, seconds, fired))
+        report.fired.update(fired)
+        last_growth = max(1.0, nodes / max(last_nodes, 1))
+        last_nodes, last_seconds = nodes, seconds
+        if progress:
+            print(f"eqsat: round {len(report.rounds)}: {nodes} e-nodes, {seconds:.3f}s, "
+                  f"{sum(fired.values())} matches", file=sys.stderr)
+        if not updated:
+            break
+    eg.run(_ANALYSIS)  # nodes made by the last round get their types before extraction
+    report.seconds = time.perf_counter() - start
+    if progress:
+        print(f"eqsat: {report}", file=sys.stderr)
+    return report
+
+
+def saturate(module: Module, rules: RuleSet, limits: Limits | None = None,
+             progress: bool = False) -> tuple[EGraph, Report]:
+    """Load `module` (verified, gradients expanded) and saturate it with `rules`.
+
+    Returns the e-graph handle (serialize it, or `build` a module from chosen nodes) and the
+    run report.
+    """
+    eg = load(module)
+    return eg, saturate_egraph(eg, rules, limits, progress)

@@ -1,0 +1,251 @@
+"""The egglog vocabulary, derived from the IR op table, and the type analysis as egglog rules.
+
+Every IR op becomes one egglog constructor `Op_<name>` whose arguments are read from its
+`OpDef`: its operands (a cons list `TList` for variadic ops), then its attributes by kind, then
+(for ops whose result type is written in the text) the written dtype and shape. Two tables,
+`shape` and `dtype`, hold the type of every e-class; they are filled at load time from the IR and
+by the analysis rules below for nodes that rewrites create. They have no merge function, so an
+e-class that would get two shapes stops the run loudly instead of going ill-typed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ..ir.ops import CALLEE, INT, INTS, LITERAL, OPS, OpDef
+
+# Attribute kind -> egglog sort. Later op families register kinds of their own here.
+ATTR_SORTS: dict[str, str] = {INTS: "IntVec", INT: "i64", CALLEE: "String"}
+# String-encoded attribute kinds: kind -> (value -> text, text -> value).
+ATTR_CODECS: dict[str, tuple[Callable, Callable]] = {}
+# Ops typed only at load time (no analysis rule yet): they may be matched, not created.
+LOAD_ONLY: set[str] = set()
+
+
+def _register_fused() -> None:
+    try:
+        from ..ir import fused
+        from ..ir.scalar_expr import format_body, parse_body
+    except ImportError:
+        return
+    ATTR_SORTS[fused.BODY] = ATTR_SORTS[fused.REDUCER] = "String"
+    ATTR_CODECS[fused.BODY] = (format_body, parse_body)
+    ATTR_CODECS[fused.REDUCER] = (str, str)
+
+ANALYSIS = "analysis"  # egglog ruleset: types, plus analysis-kind user rules (constant folding)
+REWRITE = "rewrite"  # egglog ruleset: every rewrite rule
+
+
+def ctor(op: str) -> str:
+    """The egglog constructor name of an IR op."""
+    return "Op_" + op
+
+
+def op_of_ctor(name: str) -> str | None:
+    """The IR op of an egglog constructor name, or None for other symbols."""
+    return name[3:] if name.startswith("Op_") else None
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How one op sits in egglog: operand slots, attribute slots and written-type slots."""
+
+    op: str
+    variadic: bool
+    n_operands: int
+    attrs: tuple[tuple[str, str], ...]  # (attribute name, kind)
+    written: bool
+
+    @property
+    def sorts(self) -> list[str]:
+        operands = ["TList"] if self.variadic else ["T"] * self.n_operands
+        attrs = [ATTR_SORTS[kind] for _, kind in self.attrs]
+        return operands + attrs + (["String", "IntVec"] if self.written else [])
+
+
+def encoding(op: OpDef) -> Encoding | None:
+    """The encoding of an op, or None for ops that are not plain constructors (const, call)."""
+    if op.name in ("const", "call"):
+        return None
+    for _, kind in op.attrs:
+        if kind not in ATTR_SORTS:
+            return None
+    return Encoding(op.name, op.arity is None, op.arity or 0, tuple(op.attrs), op.written_type)
+
+
+def encodings() -> dict[str, Encoding]:
+    """Encodings of every op currently in the table that egglog can hold."""
+    out = {}
+    for op in OPS.values():
+        enc = encoding(op)
+        if enc is not None and shape_rule(op) is not None:
+            out[op.name] = enc
+    return out
+
+
+# ---------------------------------------------------------------- type analysis rules
+
+_HELPERS = f"""
+(relation perm-go (IntVec IntVec i64 IntVec))
+(function permuted (IntVec IntVec) IntVec :no-merge)
+(rule ((perm-go s p i acc) (< i (vec-length p)) (= j (vec-get p i)) (= d (vec-get s j)))
+      ((perm-go s p (+ i 1) (vec-push acc d))) :ruleset {ANALYSIS})
+(rule ((perm-go s p i acc) (= i (vec-length p))) ((set (permuted s p) acc)) :ruleset {ANALYSIS})
+(relation red-go (IntVec IntVec i64 IntVec))
+(function reduced (IntVec IntVec) IntVec :no-merge)
+(rule ((red-go s ax i acc) (< i (vec-length s)) (vec-contains ax i))
+      ((red-go s ax (+ i 1) acc)) :ruleset {ANALYSIS})
+(rule ((red-go s ax i acc) (< i (vec-length s)) (vec-not-contains ax i) (= d (vec-get s i)))
+      ((red-go s ax (+ i 1) (vec-push acc d))) :ruleset {ANALYSIS})
+(rule ((red-go s ax i acc) (= i (vec-length s))) ((set (reduced s ax) acc)) :ruleset {ANALYSIS})
+(relation slice-go (IntVec IntVec i64 IntVec))
+(function sliced (IntVec IntVec) IntVec :no-merge)
+(rule ((slice-go a b i acc) (< i (vec-length a)) (= x (vec-get a i)) (= y (vec-get b i)))
+      ((slice-go a b (+ i 1) (vec-push acc (- y x)))) :ruleset {ANALYSIS})
+(rule ((slice-go a b i acc) (= i (vec-length a))) ((set (sliced a b) acc)) :ruleset {ANALYSIS})
+(relation numel-go (IntVec i64 i64))
+(function numel (IntVec) i64 :no-merge)
+(rule ((= s (shape t))) ((numel-go s 0 1)) :ruleset {ANALYSIS})
+(rule ((numel-go s i acc) (< i (vec-length s)) (= d (vec-get s i)))
+      ((numel-go s (+ i 1) (* acc d))) :ruleset {ANALYSIS})
+(rule ((numel-go s i acc) (= i (vec-length s))) ((set (numel s) acc)) :ruleset {ANALYSIS})
+(relation cat-need (TList i64))
+(function cat-len (TList i64) i64 :no-merge)
+(rule ((cat-need (TCons x r) k)) ((cat-need r k)) :ruleset {ANALYSIS})
+(rule ((cat-need l k) (= l (TNil))) ((set (cat-len l k) 0)) :ruleset {ANALYSIS})
+(rule ((cat-need l k) (= l (TCons x r)) (= s (shape x)) (= n (cat-len r k)) (= d (vec-get s k)))
+      ((set (cat-len l k) (+ n d))) :ruleset {ANALYSIS})
+(relation float-dtype (String))
+(float-dtype "f32")
+(float-dtype "f64")
+(relation int-dtype (String))
+(int-dtype "i32")
+(int-dtype "i64")
+(int-dtype "bool")
+"""
+
+
+def _args(enc: Encoding) -> tuple[list[str], dict[str, str]]:
+    """Variable names for a constructor's slots: operand names, and named attribute slots."""
+    names = ["l"] if enc.variadic else [f"x{i}" for i in range(enc.n_operands)]
+    slots = {name: f"a_{name}" for name, _ in enc.attrs}
+    names += list(slots.values())
+    if enc.written:
+        slots.update(dtype="wd", shape="ws")
+        names += ["wd", "ws"]
+    return names, slots
+
+
+def _rule(enc: Encoding, facts: str, actions: str) -> str:
+    names, _ = _args(enc)
+    node = f"({ctor(enc.op)} {' '.join(names)})" if names else f"({ctor(enc.op)})"
+    return f"(rule ((= t {node}) {facts}) ({actions}) :ruleset {ANALYSIS})"
+
+
+def _same_as_first(enc: Encoding, dtype: str | None = None, src: str = "x0") -> list[str]:
+    d = f"(set (dtype t) {dtype})" if dtype else "(set (dtype t) d)"
+    return [_rule(enc, f"(= s (shape {src}))", "(set (shape t) s)"),
+            _rule(enc, f"(= d (dtype {src}))" if not dtype else "", d)]
+
+
+def _written(enc: Encoding) -> list[str]:
+    return [_rule(enc, "", "(set (shape t) ws) (set (dtype t) wd)")]
+
+
+def _reduce(enc: Encoding) -> list[str]:
+    return [_rule(enc, "(= s (shape x0))", "(red-go s a_axes 0 (vec-empty))"),
+            _rule(enc, "(= r (reduced (shape x0) a_axes))", "(set (shape t) r)"),
+            _rule(enc, "(= d (dtype x0))", "(set (dtype t) d)")]
+
+
+def _matmul(enc: Encoding) -> list[str]:
+    facts = "(= sa (shape x0)) (= sb (shape x1)) (= n (vec-length sa)) (= m (vec-get sb (- n 1)))"
+    return [_rule(enc, facts, "(set (shape t) (vec-set sa (- n 1) m))"),
+            _rule(enc, "(= d (dtype x0))", "(set (dtype t) d)")]
+
+
+def _transpose(enc: Encoding) -> list[str]:
+    return [_rule(enc, "(= s (shape x0))", "(perm-go s a_perm 0 (vec-empty))"),
+            _rule(enc, "(= r (permuted (shape x0) a_perm))", "(set (shape t) r)"),
+            _rule(enc, "(= d (dtype x0))", "(set (dtype t) d)")]
+
+
+def _slice(enc: Encoding) -> list[str]:
+    return [_rule(enc, "", "(slice-go a_start a_stop 0 (vec-empty))"),
+            _rule(enc, "(= r (sliced a_start a_stop))", "(set (shape t) r)"),
+            _rule(enc, "(= d (dtype x0))", "(set (dtype t) d)")]
+
+
+def _concat(enc: Encoding) -> list[str]:
+    first = "(= l (TCons x0 rest)) (= s (shape x0)) (= d (dtype x0))"
+    return [_rule(enc, "", "(cat-need l a_axis)"),
+            _rule(enc, first + " (= n (cat-len l a_axis))",
+                  "(set (shape t) (vec-set s a_axis n)) (set (dtype t) d)")]
+
+
+ShapeRule = Callable[[Encoding], list[str]]
+
+# Type analysis per op family (per op where the family is too coarse). Fused-op families add
+# their entries here; an op without an entry stays out of the e-graph (it cannot be typed).
+SHAPE_RULES: dict[str, ShapeRule] = {
+    "unary": _same_as_first,
+    "binary": _same_as_first,
+    "compare": lambda enc: _same_as_first(enc, dtype='"bool"'),
+    "select": lambda enc: _same_as_first(enc, src="x1"),
+    "broadcast": _written,
+    "reshape": _written,
+    "cast": _written,
+    "reduce": _reduce,
+    "matmul": _matmul,
+    "transpose": _transpose,
+    "slice": _slice,
+    "concat": _concat,
+}
+
+
+def _loaded_only(enc: Encoding) -> list[str]:
+    LOAD_ONLY.add(enc.op)
+    return []
+
+
+SHAPE_RULES["fused"] = _loaded_only
+SHAPE_RULES["matmul_t"] = _loaded_only
+_register_fused()
+
+
+def shape_rule(op: OpDef) -> ShapeRule | None:
+    """The analysis rule factory of an op (by name first, then by family)."""
+    rule = SHAPE_RULES.get(op.name) or SHAPE_RULES.get(op.family)
+    if rule is _loaded_only:
+        LOAD_ONLY.add(op.name)
+    return rule
+
+
+def prelude() -> str:
+    """The egglog declarations and type-analysis rules for the whole current op table."""
+    encs = encodings()
+    lines = [
+        "(sort IntVec (Vec i64))",
+        "(sort T)",
+        "(sort TList)",
+        "(constructor TNil () TList)",
+        "(constructor TCons (T TList) TList)",
+        "(constructor Param (String String) T)",
+        "(constructor ConstF (f64 String IntVec) T)",
+        "(constructor ConstI (i64 String IntVec) T)",
+        "(constructor Op_call (String TList i64) T)",
+        "(function shape (T) IntVec :no-merge)",
+        "(function dtype (T) String :no-merge)",
+        f"(ruleset {ANALYSIS})",
+        f"(ruleset {REWRITE})",
+    ]
+    for enc in encs.values():
+        lines.append(f"(constructor {ctor(enc.op)} ({' '.join(enc.sorts)}) T)")
+    lines.append(_HELPERS)
+    for kind in ("ConstF", "ConstI"):
+        lines.append(f"(rule ((= t ({kind} v d s))) ((set (shape t) s) (set (dtype t) d)) "
+                     f":ruleset {ANALYSIS})")
+    for enc in encs.values():
+        lines += shape_rule(OPS[enc.op])(enc)
+    return "\n".join(lines)

@@ -1,0 +1,221 @@
+"""Static checks of a rule when it is built: ops, arity, attributes, variables and dtype kinds.
+
+Every error is a `ParseError` at the line and column of the offending part of the rule text
+(rules built in Python have no text; their errors are at line 0).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ParseError
+from ..ir.ops import CALLEE, INT, INTS, OPS
+from ..ir.types import DTYPES
+from . import schema
+from .lang import WRITTEN_ATTRS, Arith, Cond, Fn, Node, Num, Pattern, Rule, Var
+
+ANY = frozenset({"bool", "int", "float"})
+NUM = frozenset({"int", "float"})
+FLOAT = frozenset({"float"})
+BOOL = frozenset({"bool"})
+
+
+def _err(msg: str, where: Any, rule: Rule) -> ParseError:
+    line, col = getattr(where, "pos", None) or rule.pos
+    return ParseError(f"rule {rule.name}: {msg}", line, col)
+
+
+def _operand_kinds(node: Node) -> list[frozenset[str]]:
+    op = OPS[node.op]
+    n = len(node.args)
+    if op.family == "unary":
+        from ..ir.ops import UNARY_IMPLS
+
+        return [FLOAT if UNARY_IMPLS.get(node.op, (None, False))[1] else NUM] * n
+    if op.family in ("binary", "matmul") or node.op == "sum":
+        return [NUM] * n
+    if node.op == "select":
+        return [BOOL, ANY, ANY]
+    return [ANY] * n
+
+
+class _Checker:
+    def __init__(self, rule: Rule):
+        self.rule = rule
+        self.sorts: dict[str, str] = {}
+        self.kinds: dict[str, frozenset[str]] = {}
+        self.encodable = set(schema.encodings()) | {"const"}
+
+    def fail(self, msg: str, where: Any) -> ParseError:
+        return _err(msg, where, self.rule)
+
+    def bind(self, v: Var, sort: str, lhs: bool) -> None:
+        have = self.sorts.get(v.name)
+        if have is None:
+            if not lhs:
+                raise self.fail(f"variable ?{v.name} is not bound on the left-hand side", v)
+            self.sorts[v.name] = sort
+        elif have != sort:
+            raise self.fail(f"variable ?{v.name} is used as {sort} here but as {have} before", v)
+
+    def constrain(self, v: Var, kinds: frozenset[str]) -> None:
+        have = self.kinds.get(v.name, ANY) & kinds
+        if not have:
+            raise self.fail(f"type error: ?{v.name} would need to be both "
+                            f"{'/'.join(sorted(self.kinds.get(v.name, ANY)))} and "
+                            f"{'/'.join(sorted(kinds))}", v)
+        self.kinds[v.name] = have
+
+    def pattern(self, p: Pattern, lhs: bool, want: frozenset[str] = ANY) -> frozenset[str]:
+        if isinstance(p, Var):
+            self.bind(p, "tensor", lhs)
+            self.constrain(p, want)
+            return self.kinds[p.name]
+        op = OPS.get(p.op)
+        if op is None:
+            raise self.fail(f"unknown op {p.op!r}", p)
+        if p.op not in self.encodable:
+            raise self.fail(f"op {p.op!r} cannot appear in rules", p)
+        if not lhs and p.op in schema.LOAD_ONLY:
+            raise self.fail(f"op {p.op!r} cannot be created by rules yet (no type analysis)", p)
+        n = len(p.args)
+        if op.arity is None and n == 0:
+            raise self.fail(f"{p.op} needs at least one operand", p)
+        if op.arity is not None and n != op.arity:
+            raise self.fail(f"{p.op} takes {op.arity} operand(s), got {n}", p)
+        self.attrs(p, lhs)
+        kinds = [self.pattern(a, lhs, k) for a, k in zip(p.args, _operand_kinds(p))]
+        result = self.result_kind(p, kinds)
+        if not result & want:
+            raise self.fail(f"type error: {p.op} gives {'/'.join(sorted(result))} where "
+                            f"{'/'.join(sorted(want))} is needed", p)
+        return result & want
+
+    def result_kind(self, p: Node, kinds: list[frozenset[str]]) -> frozenset[str]:
+        op = OPS[p.op]
+        if p.op == "const":
+            v = p.attr.get("value")
+            return NUM - FLOAT | BOOL if isinstance(v, Num) and isinstance(v.value, int) else FLOAT
+        if op.family == "compare":
+            return BOOL
+        dt = p.attr.get("dtype")
+        if isinstance(dt, str):
+            return FLOAT if DTYPES[dt].is_float else (BOOL if dt == "bool" else NUM - FLOAT)
+        if p.op == "select":
+            return kinds[1] & kinds[2]
+        return kinds[0] if kinds else ANY
+
+    def attrs(self, p: Node, lhs: bool) -> None:
+        op = OPS[p.op]
+        specs = dict(op.attrs)
+        written = op.written_type or p.op == "const"
+        for key, v in p.attrs:
+            if key == "value" and p.op == "const":
+                self.value(v, lhs, p)
+            elif key in specs:
+                kind = specs[key]
+                if kind == CALLEE:
+                    raise self.fail(f"{p.op} cannot appear in rules", p)
+                if isinstance(v, Var):
+                    self.bind(v, "ints" if kind == INTS else "int", lhs)
+                elif kind == INTS and not isinstance(v, tuple):
+                    raise self.fail(f"attribute {key} of {p.op} takes a list like [0,1]", p)
+                elif kind == INT and not isinstance(v, int):
+                    raise self.fail(f"attribute {key} of {p.op} takes an integer", p)
+            elif written and key in WRITTEN_ATTRS:
+                self.written_attr(p, key, v, lhs)
+            else:
+                takes = ", ".join(list(specs) + (list(WRITTEN_ATTRS) if written else []))
+                raise self.fail(f"{p.op} has no attribute {key!r} (it takes: {takes or 'none'})",
+                                p)
+        if lhs:
+            return
+        given = p.attr
+        missing = [k for k in specs if k not in given and k != "value"]
+        if missing:
+            raise self.fail(f"{p.op} on the right-hand side needs {', '.join(missing)}", p)
+        if p.op in ("broadcast", "reshape") and not ({"shape", "like"} & set(given)):
+            raise self.fail(f"{p.op} on the right-hand side needs shape= or like=", p)
+        if p.op == "cast" and not ({"dtype", "like"} & set(given)):
+            raise self.fail("cast on the right-hand side needs dtype= or like=", p)
+        if p.op == "cast" and "like" not in given and "shape" not in given and not isinstance(
+                p.args[0], Var):
+            raise self.fail("cast of a compound operand needs shape= or like=", p)
+        if p.op == "const" and "like" not in given and not {"shape", "dtype"} <= set(given):
+            raise self.fail("const on the right-hand side needs like=?x or shape= and dtype=", p)
+
+    def written_attr(self, p: Node, key: str, v: Any, lhs: bool) -> None:
+        if key == "like":
+            if lhs:
+                raise self.fail("like= is for the right-hand side", p)
+            if not isinstance(v, Var):
+                raise self.fail("like= takes a tensor variable", p)
+            self.bind(v, "tensor", lhs)
+        elif key == "shape":
+            if isinstance(v, Var):
+                self.bind(v, "ints", lhs)
+            elif not isinstance(v, tuple):
+                raise self.fail("shape= takes a list like [2,3] or a variable", p)
+        elif isinstance(v, Var):
+            self.bind(v, "dtype", lhs)
+        elif v not in DTYPES:
+            raise self.fail(f"dtype= takes one of {', '.join(DTYPES)}", p)
+
+    def value(self, v: Any, lhs: bool, where: Node) -> None:
+        if isinstance(v, Num):
+            return
+        if isinstance(v, Var):
+            self.bind(v, "value", lhs)
+            return
+        if lhs or not isinstance(v, Arith):
+            raise self.fail("a const on the left-hand side takes a literal or a variable", where)
+        if v.op == "size":
+            (x,) = v.args
+            if self.sorts.get(x.name) not in ("tensor", "ints"):
+                raise self.fail(f"size() needs a tensor or shape variable, got ?{x.name}", x)
+            return
+        for a in v.args:
+            self.value(a, lhs, where)
+
+    def cond(self, c: Cond) -> None:
+        for side in (c.left, c.right):
+            if isinstance(side, Fn):
+                sort = self.sorts.get(side.var.name)
+                if sort is None:
+                    raise self.fail(f"variable ?{side.var.name} in the condition is not bound "
+                                    f"on the left-hand side", side.var)
+                need = schema_sort(side.name)
+                if need != "any" and sort != need or need == "any" and sort not in (
+                        "tensor", "ints"):
+                    raise self.fail(f"{side.name}() cannot take ?{side.var.name} ({sort})",
+                                    side.var)
+            elif isinstance(side, Var):
+                if side.name not in self.sorts:
+                    raise self.fail(f"variable ?{side.name} in the condition is not bound on "
+                                    f"the left-hand side", side)
+        if c.op == "is_float" and self.sorts.get(c.left.name) != "tensor":
+            raise self.fail(f"is_float() needs a tensor variable, got ?{c.left.name}", c.left)
+
+
+def schema_sort(fn: str) -> str:
+    from .lang import COND_FNS
+
+    return COND_FNS[fn]
+
+
+def check_rule(rule: Rule) -> dict[str, str]:
+    """Check a rule; returns the sort of each variable (tensor, ints, int, value, dtype)."""
+    if rule.kind not in ("rewrite", "analysis"):
+        raise _err(f"unknown rule kind {rule.kind!r}", rule, rule)
+    if not isinstance(rule.lhs, Node):
+        raise _err("the left-hand side must be an op pattern, not a bare variable", rule.lhs,
+                   rule)
+    c = _Checker(rule)
+    for _ in range(2):  # a second pass sees kinds that later operands constrained
+        lhs_kind = c.pattern(rule.lhs, lhs=True)
+    rhs_kind = c.pattern(rule.rhs, lhs=False)
+    if not lhs_kind & rhs_kind:
+        raise _err("type error: the two sides have different dtype kinds", rule.rhs, rule)
+    for cond in rule.conds:
+        c.cond(cond)
+    return dict(c.sorts)

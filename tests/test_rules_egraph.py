@@ -1,0 +1,128 @@
+"""The bridge (load -> extract round trips), the runner's limits and report, rules in action."""
+
+import time
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import eqsat
+from eqsat.ir import interpret
+from eqsat.rules import Limits, default, extract_tree, load, parse, roundtrip, saturate
+from eqsat.testing import inputs, modules
+
+SRC = """module @m
+func @f(%x: f32[4,3], %a: f32[2,4], %b: f32[4,5], %c: f32[5,3], %s: f32[3]) -> (f32[4,3], f32[2,3], f32[4,3]) {
+  %t = transpose %x, perm=[1,0] : f32[3,4]
+  %u = transpose %t, perm=[1,0] : f32[4,3]
+  %one = const 1.0 : f32[4,3]
+  %m = mul %u, %one : f32[4,3]
+  %ab = matmul %a, %b : f32[2,5]
+  %abc = matmul %ab, %c : f32[2,3]
+  %bs = broadcast %s : f32[4,3]
+  %e = exp %bs : f32[4,3]
+  %two = const 2.0 : f32[4,3]
+  %three = const 3.0 : f32[4,3]
+  %five = add %two, %three : f32[4,3]
+  %r = mul %e, %five : f32[4,3]
+  return %m, %abc, %r
+}
+"""
+
+
+def _same(m1, m2, name, args):
+    r1, r2 = interpret(m1, name, *args), interpret(m2, name, *args)
+    for a, b in zip(r1 if isinstance(r1, tuple) else (r1,), r2 if isinstance(r2, tuple) else (r2,)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_load_extract_roundtrip_is_equivalent(data):
+    m = data.draw(modules(max_functions=3))
+    out = roundtrip(m)
+    assert [f.name for f in out.functions] == [f.name for f in m.functions]
+    for f in m.functions:
+        args = data.draw(inputs(f))
+        r1, r2 = interpret(m, f.name, *args), interpret(out, f.name, *args)
+        for a, b in zip(r1 if isinstance(r1, tuple) else (r1,),
+                        r2 if isinstance(r2, tuple) else (r2,)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_sharing_is_kept_and_types_are_known():
+    m = eqsat.parse(SRC)
+    eg = load(m)
+    ser = eg.serialize()
+    assert len(ser.classes) == 17  # 5 parameters + 12 statements, none equal
+    assert all(c in ser.types for c in ser.classes)
+    assert ser.types[ser.roots["f"][1]] == eqsat.f32[2, 3]
+
+
+def test_equal_values_share_one_eclass():
+    m = eqsat.parse("module @s\nfunc @f(%x: f32[3]) -> (f32[3], f32[3]) {\n"
+                    "  %a = exp %x : f32[3]\n  %b = exp %x : f32[3]\n  return %a, %b\n}\n")
+    ser = load(m).serialize()
+    assert ser.roots["f"][0] == ser.roots["f"][1] and len(ser.classes) == 2
+
+
+def test_default_rules_optimize_and_stay_equivalent():
+    m = eqsat.parse(SRC)
+    eg, report = saturate(m, default(), Limits(iterations=10, nodes=20_000, seconds=10))
+    assert report.fired["transpose_transpose"] >= 1 and report.fired["mul_one"] >= 1
+    assert report.fired["fold_add"] >= 1 and report.fired["exp_of_bcast"] >= 1
+    out = eg.build(extract_tree(eg.serialize()))
+    text = str(out)
+    assert "transpose" not in text and "const 5.0" in text
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(p.type.shape).astype(np.float32) for p in m["f"].params]
+    _same(m, out, "f", args)
+
+
+def _sum_chain(k):
+    lines = ["module @ac", f"func @f(" + ", ".join(f"%x{i}: f32[2]" for i in range(k))
+             + ") -> f32[2] {", "  %s0 = add %x0, %x1 : f32[2]"]
+    for i in range(2, k):
+        lines.append(f"  %s{i - 1} = add %s{i - 2}, %x{i} : f32[2]")
+    lines += [f"  return %s{k - 2}", "}"]
+    return eqsat.parse("\n".join(lines))
+
+
+AC = parse("rule comm: add(?x, ?y) => add(?y, ?x)\n"
+           "rule assoc: add(add(?x, ?y), ?z) => add(?x, add(?y, ?z))\n"
+           "rule assoc2: add(?x, add(?y, ?z)) => add(add(?x, ?y), ?z)")
+
+
+def test_node_limit_holds_and_program_survives():
+    m = _sum_chain(10)
+    t = time.perf_counter()
+    eg, report = saturate(m, AC, Limits(iterations=100, nodes=3000, seconds=20))
+    assert report.stop_reason == "node limit"
+    assert report.final_nodes < 3 * 3000  # one round may overshoot, not explode
+    assert time.perf_counter() - t < 20
+    out = eg.build(extract_tree(eg.serialize()))
+    args = [np.full(2, i, np.float32) for i in range(10)]
+    _same(m, out, "f", args)
+
+
+def test_time_and_iteration_limits_hold():
+    m = _sum_chain(12)
+    t = time.perf_counter()
+    _, report = saturate(m, AC, Limits(iterations=100, nodes=10**7, seconds=1.0))
+    assert report.stop_reason == "time limit"
+    assert time.perf_counter() - t < 4
+    _, report = saturate(m, AC, Limits(iterations=2, nodes=10**7, seconds=30))
+    assert report.stop_reason == "iteration limit" and len(report.rounds) == 2
+    assert report.sizes[0] < report.sizes[1] < report.sizes[2]
+
+
+def test_saturation_is_reported():
+    m = eqsat.parse(SRC)
+    _, report = saturate(m, parse("rule mul_one: mul(?x, const(1.0)) => ?x"))
+    assert report.stop_reason == "saturated" and report.fired["mul_one"] >= 1
+
+
+def test_progress_goes_to_stderr(capsys):
+    saturate(eqsat.parse(SRC), parse("rule neg_neg: neg(neg(?x)) => ?x"), progress=True)
+    err = capsys.readouterr().err
+    assert "round 1" in err and "saturated" in err

@@ -1,0 +1,72 @@
+"""The rule language: parsing, load-time checks with line/col, Python API, soundness check."""
+
+import pytest
+
+import eqsat
+from eqsat.rules import Rule, RuleSet, check, check_rule, op, parse, var
+from eqsat.rules.compile import compile_rule
+
+
+def test_parse_and_print():
+    rs = parse("rule mul_one: mul(?x, const(1.0)) => ?x\n"
+               "# a comment\n"
+               "rule tt: transpose(transpose(?x, perm=[1,0]), perm=[1,0]) => ?x\n")
+    assert rs.names() == ["mul_one", "tt"]
+    assert str(rs["tt"]) == "rule tt: transpose(transpose(?x, perm=[1,0]), perm=[1,0]) => ?x"
+    assert parse(str(rs)).names() == rs.names()
+
+
+def test_python_api_matches_text():
+    text = parse("rule mul_one: mul(?x, const(1.0)) => ?x")["mul_one"]
+    py = Rule("mul_one", op.mul(var("x"), op.const(1.0)), var("x"))
+    assert compile_rule(text) == compile_rule(py)
+    assert compile_rule(Rule("mul_one", "mul(?x, const(1.0))", "?x")) == compile_rule(py)
+
+
+def test_rulesets_add_and_refuse_duplicates():
+    a = parse("rule a: neg(neg(?x)) => ?x")
+    b = parse("rule b: abs(abs(?x)) => abs(?x)")
+    assert (a + b).names() == ["a", "b"]
+    with pytest.raises(eqsat.ParseError, match="defined twice"):
+        a + a
+
+
+@pytest.mark.parametrize("text, line, col, message", [
+    ("rule r: foo(?x) => ?x", 1, 9, "unknown op 'foo'"),
+    ("\nrule r: add(?x) => ?x", 2, 9, "takes 2 operand"),
+    ("rule r: neg(?x) => add(?x, ?y)", 1, 28, "?y is not bound"),
+    ("rule r: exp(lt(?x, ?y)) => ?x", 1, 13, "type error"),
+    ("rule r: transpose(?x, perm=1) => ?x", 1, 9, "takes a list"),
+    ("rule r: sum(?x, axis=[0]) => ?x", 1, 9, "no attribute 'axis'"),
+    ("rule r: neg(?x) => sum(?x)", 1, 20, "needs axes"),
+    ("rule r: neg(?x) => ?x if rank(?z) == 2", 1, 31, "not bound"),
+    ("rule r neg(?x) => ?x", 1, 8, "expected ':'"),
+    ("rule r: neg(?x) => ?x ?y", 1, 23, "after the rule"),
+    ("rule r: ?x => neg(neg(?x))", 1, 9, "bare variable"),
+])
+def test_parse_errors_have_line_and_col(text, line, col, message):
+    with pytest.raises(eqsat.ParseError, match=message.replace("?", r"\?")) as e:
+        parse(text)
+    assert (e.value.line, e.value.col) == (line, col)
+
+
+def test_deliberately_wrong_rules_are_caught():
+    for text in ["rule exp_log: exp(log(?x)) => ?x",  # wrong only for x <= 0
+                 "rule div_cancel: div(mul(?x, ?y), ?y) => ?x",  # wrong at y = 0
+                 "rule sub_comm: sub(?x, ?y) => sub(?y, ?x)",
+                 "rule sqrt_sq: sqrt(mul(?x, ?x)) => ?x",  # wrong for x < 0
+                 "rule mm_comm: matmul(?a, ?b) => matmul(?b, ?a) if rank(?a) == 2"]:
+        with pytest.raises(eqsat.UnsoundRule, match=text.split()[1].rstrip(":")):
+            check(parse(text), examples=40)
+
+
+def test_sound_custom_rules_pass():
+    check(parse(
+                "rule exp_add: mul(exp(?x), exp(?y)) => exp(add(?x, ?y))"), examples=20)
+
+
+def test_ill_typed_right_side_is_caught():
+    r = parse("rule bad_bcast: add(broadcast(?x, shape=?s), broadcast(?y, shape=?s)) => "
+              "broadcast(add(?x, ?y), shape=?s)")  # misses `if shape(?x) == shape(?y)`
+    with pytest.raises(eqsat.UnsoundRule, match="ill-typed"):
+        check(r, examples=60)
