@@ -1,4 +1,4 @@
-"""The `eqsat` command: check and format `.eqir` files.
+"""The `eqsat` command: check, format and optimize `.eqir` files.
 
 Errors print as `FILE:LINE:COL: message` (the form editors and compilers use) and the command
 exits with status 1.
@@ -10,9 +10,13 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import Error, LocatedError
 from .ir import Module, parse
+
+if TYPE_CHECKING:
+    from .rules import Limits, RuleSet
 
 
 def _load(path: str) -> Module:
@@ -70,6 +74,101 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     return status
 
 
+LIMIT_FIELDS = {"iterations": int, "nodes": int, "seconds": float}
+
+
+def parse_limits(text: str) -> Limits:
+    """`iterations=8,nodes=20000,seconds=5` (any subset) -> Limits; the rest keep defaults."""
+    from .rules import Limits
+
+    values: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or key not in LIMIT_FIELDS:
+            raise Error(f"--limits: expected NAME=VALUE with NAME one of "
+                        f"{', '.join(LIMIT_FIELDS)}, got {part!r}")
+        try:
+            v = LIMIT_FIELDS[key](value.strip())
+        except ValueError:
+            raise Error(f"--limits: {key} needs a number, got {value.strip()!r}") from None
+        if not v > 0 or v != v or v == float("inf"):
+            raise Error(f"--limits: {key} must be a positive finite number, got {value.strip()}")
+        values[key] = v
+    return Limits(**values)
+
+
+def _load_rules(paths: list[str]) -> RuleSet | None:
+    """The rule files (or "default") added together; None after reporting a parse error."""
+    from .rules import default
+    from .rules import parse as parse_rules
+
+    rules = None
+    for path in paths:
+        if path == "default":
+            more = default()
+        else:
+            try:
+                text = Path(path).read_text()
+            except (OSError, UnicodeDecodeError) as e:
+                raise Error(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+            try:
+                more = parse_rules(text, Path(path).stem)
+            except Error as e:
+                _report(path, e)
+                return None
+        try:
+            rules = more if rules is None else rules + more
+        except Error as e:  # a rule name defined in two files
+            _report(path, e)
+            return None
+    return rules
+
+
+def cmd_opt(args: argparse.Namespace) -> int:
+    """`eqsat opt`: optimize one file; the result to -o or stdout, the report to stderr."""
+    import warnings
+
+    from .extract import optimize_with_report
+    from .extract.dot import compare_dot
+
+    limits = parse_limits(args.limits) if args.limits else None
+    try:
+        m = _load(args.file)
+    except Error as e:
+        _report(args.file, e)
+        return 1
+    rules = None
+    if args.rules:
+        rules = _load_rules(args.rules)
+        if rules is None:
+            return 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the report carries the same notes
+        out, report = optimize_with_report(m, rules, args.target, limits, args.method)
+    text = str(out)
+    if args.output and args.output != "-":
+        try:
+            Path(args.output).write_text(text)
+        except OSError as e:
+            raise Error(f"{args.output}: cannot write: {e.strerror or e}") from None
+    else:
+        sys.stdout.write(text)
+    if args.dot:
+        from .ad import differentiate
+
+        try:
+            Path(args.dot).write_text(compare_dot(differentiate(m), out))
+        except OSError as e:
+            raise Error(f"{args.dot}: cannot write: {e.strerror or e}") from None
+    if args.report:
+        print(report, file=sys.stderr)
+    else:
+        for note in report.notes:  # a stage that could not run: say so even without --report
+            print(f"eqsat: note: {note}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="eqsat", description="An optimizing compiler for tensor "
                                 "programs written in the .eqir linear-algebra IR.")
@@ -85,6 +184,22 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--check", action="store_true",
                       help="exit 1 if a file is not in canonical form")
     f.set_defaults(run=cmd_fmt)
+    o = sub.add_parser("opt", help="optimize a .eqir file (gradients expanded) by equality "
+                       "saturation and cost-based extraction")
+    o.add_argument("file", metavar="IN", help="a .eqir file, or - for stdin")
+    o.add_argument("-o", "--output", metavar="OUT", help="write the result here (default stdout)")
+    o.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                   help="the cost model to optimize for (default cpu)")
+    o.add_argument("--rules", metavar="FILE", action="append",
+                   help="rule text to saturate with instead of the built-in rules; repeatable, "
+                   "'default' names the built-in set")
+    o.add_argument("--limits", metavar="SPEC",
+                   help="saturation bounds, e.g. iterations=8,nodes=20000,seconds=5")
+    o.add_argument("--method", choices=("auto", "ilp", "greedy", "tree"), default="auto",
+                   help="extraction method (default auto: ILP for small e-graphs, else greedy)")
+    o.add_argument("--report", action="store_true", help="print the optimization report to stderr")
+    o.add_argument("--dot", metavar="FILE", help="write Graphviz of the program before and after")
+    o.set_defaults(run=cmd_opt)
     return p
 
 

@@ -1,0 +1,301 @@
+"""Cost models: the seconds a kernel takes on a target, and the seconds of a whole module.
+
+A `CostModel` prices one statement from its op, attributes, operand types and result types.
+The `Roofline` model does it from what the kernel must do (`Work`: floating-point operations,
+bytes moved, kernel launches): max(flops / peak, bytes / bandwidth) plus a launch overhead per
+kernel. Work per op comes from a small table keyed by the op table's families, so a new op of a
+known family is priced without a new entry; other ops (fused kernels) register theirs with
+`register_work`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from ..errors import Error
+from ..ir.fused import domain
+from ..ir.module import Function, Module
+from ..ir.ops import OPS
+from ..ir.scalar_expr import App
+from ..ir.types import TensorType
+from ..ir.verifier import verify
+
+Attrs = Mapping[str, Any]
+Types = Sequence[TensorType]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one statement makes the machine do."""
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    kernels: int = 0
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Prices statements in seconds; `name` is the target it models."""
+
+    name: str
+
+    def stmt_cost(self, op: str, attrs: Attrs, operands: Types, results: Types) -> float:
+        """Seconds of one statement (a `call` counts only itself, not its callee)."""
+        ...
+
+
+# Floating-point operations per element. Transcendentals are polynomial approximations of a
+# dozen or two multiply-adds in generated code (PITFALLS: llvmlite), division a few.
+FLOPS_PER_ELEMENT: dict[str, float] = {
+    "neg": 1, "abs": 1, "relu": 1, "add": 1, "sub": 1, "mul": 1, "maximum": 1, "minimum": 1,
+    "lt": 1, "le": 1, "gt": 1, "ge": 1, "eq": 1, "ne": 1, "select": 1, "cast": 1,
+    "div": 4, "recip": 4, "sqrt": 4, "rsqrt": 4,
+    "exp": 16, "log": 16, "sin": 16, "cos": 16, "tanh": 20, "sigmoid": 20, "pow": 24,
+}
+DEFAULT_FLOPS_PER_ELEMENT = 1.0
+
+# Views: the consumer's kernel reads through them (a reshape is the same buffer, a broadcast a
+# zero stride, a slice an offset and strides), so they cost nothing themselves; the consumer
+# pays for reading its operand at full size. A transpose is deliberately not a view: reading
+# across the inner dimension is what layout optimization is meant to avoid.
+VIEW_OPS = frozenset({"reshape", "broadcast", "slice"})
+
+WorkFn = Callable[[str, Attrs, Types, Types], Work]
+_WORK: dict[str, WorkFn] = {}
+
+
+def register_work(op: str, fn: WorkFn) -> None:
+    """Teach every roofline model the work of `op` (for ops outside the core families)."""
+    _WORK[op] = fn
+
+
+def _nbytes(types: Types) -> float:
+    return float(sum(t.nbytes for t in types))
+
+
+def _moved(ins: Types, outs: Types) -> float:
+    return _nbytes(ins) + _nbytes(outs)
+
+
+def elementwise_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """Flops per element times elements; reads every operand, writes the result: one kernel."""
+    per = FLOPS_PER_ELEMENT.get(op, DEFAULT_FLOPS_PER_ELEMENT)
+    return Work(per * sum(t.size for t in outs), _moved(ins, outs), 1)
+
+
+def reduction_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """One flop per input element."""
+    return Work(float(sum(t.size for t in ins)), _moved(ins, outs), 1)
+
+
+def matmul_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """2*m*n*k per batch. With a = [..., m, k] (in any stored layout), a.size * n = batch*m*k*n,
+    so transposed-operand variants are priced by the same formula."""
+    n = outs[0].shape[-1] if outs[0].rank else 1
+    return Work(2.0 * ins[0].size * n, _moved(ins, outs), 1)
+
+
+def copy_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """Data movement only (transpose, concat)."""
+    return Work(0.0, _moved(ins, outs), 1)
+
+
+def const_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """A scalar constant is an immediate; a larger one is a fill kernel writing its bytes."""
+    if all(t.size <= 1 for t in outs):
+        return Work()
+    return Work(0.0, _nbytes(outs), 1)
+
+
+def _free(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    return Work()
+
+
+def body_flops(body: Any) -> float:
+    """Flops per element of a fused kernel's scalar body: the weighted count of its ops."""
+    total = 0.0
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, App):
+            total += FLOPS_PER_ELEMENT.get(e.op, DEFAULT_FLOPS_PER_ELEMENT)
+            stack.extend(e.args)
+    return total
+
+
+# A fused kernel reads its operands once (at their own size: broadcasting happens in
+# registers) and writes only its result; the intermediates of its body never touch memory.
+def map_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """Body flops per output element, one kernel."""
+    return Work(body_flops(attrs["body"]) * outs[0].size, _moved(ins, outs), 1)
+
+
+def map_reduce_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """Body flops plus one reduction flop per element of the broadcast domain."""
+    points = math.prod(domain(list(ins))) if ins else 1
+    return Work((body_flops(attrs["body"]) + 1) * points, _moved(ins, outs), 1)
+
+
+def matmul_epi_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """A product (as matmul_work) whose epilogue runs on the result in registers."""
+    product = matmul_work(op, attrs, ins[:2], outs)
+    return Work(product.flops + body_flops(attrs["body"]) * outs[0].size, _moved(ins, outs), 1)
+
+
+_BY_FAMILY: dict[str, WorkFn] = {
+    "unary": elementwise_work, "binary": elementwise_work, "compare": elementwise_work,
+    "select": elementwise_work, "reduce": reduction_work, "matmul": matmul_work,
+    "transpose": copy_work, "concat": copy_work, "const": const_work,
+    # a call's own statement is free; module_cost adds the callee's cost
+    "call": _free,
+}
+# matmul_t's transposed operands are read by the same BLAS / tiled kernel with other strides
+# (gemm's transa/transb), so its layout costs nothing beyond matmul's own work.
+_WORK.update({"map": map_work, "map_reduce": map_reduce_work, "matmul_t": matmul_work,
+              "matmul_epi": matmul_epi_work})
+
+
+def work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """The work of one statement, from `register_work`, the view set or the op's family."""
+    if op in _WORK:
+        return _WORK[op](op, attrs, ins, outs)
+    if op in VIEW_OPS:
+        return Work()
+    opdef = OPS.get(op)
+    if opdef is None:
+        raise Error(f"the cost model knows no op {op!r}; known ops: {', '.join(sorted(OPS))}")
+    fn = _BY_FAMILY.get(opdef.family)
+    if fn is None and "elementwise" in opdef.traits:
+        fn = elementwise_work
+    if fn is None:
+        raise Error(f"the cost model has no work formula for op {op!r} (family "
+                    f"{opdef.family!r}); register one with eqsat.extract.cost.register_work")
+    return fn(op, attrs, ins, outs)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """max(flops / peak_flops, bytes / bandwidth) + launch seconds per kernel.
+
+    `peak_flops` in FLOP/s, `bandwidth` in bytes/s, `launch` in seconds.
+    """
+
+    name: str
+    peak_flops: float
+    bandwidth: float
+    launch: float
+
+    def __post_init__(self) -> None:
+        for field_name in ("peak_flops", "bandwidth"):
+            v = getattr(self, field_name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise Error(f"Roofline {self.name!r}: {field_name} must be a positive number, "
+                            f"got {v!r}")
+        if not (math.isfinite(self.launch) and self.launch >= 0):
+            raise Error(f"Roofline {self.name!r}: launch must be >= 0 seconds, got {self.launch!r}")
+
+    def seconds(self, w: Work) -> float:
+        """The roofline time of some work."""
+        if w.kernels == 0 and w.flops == 0 and w.bytes == 0:
+            return 0.0
+        return max(w.flops / self.peak_flops, w.bytes / self.bandwidth) + w.kernels * self.launch
+
+    def stmt_cost(self, op: str, attrs: Attrs, operands: Types, results: Types) -> float:
+        """Seconds of one statement on this target."""
+        return self.seconds(work(op, attrs, operands, results))
+
+
+# An H100/H200-class GPU: fp32 without tensor cores ~60 TFLOP/s, HBM3(e) ~4 TB/s, and a few
+# microseconds from one kernel's launch to the next.
+CUDA = Roofline("cuda", peak_flops=60e12, bandwidth=4e12, launch=3e-6)
+
+# A CPU "launch" is a call from the entry function into a kernel's loop nest: thread
+# dispatch and loop setup, about a microsecond. Not measured: numpy's per-call overhead would
+# measure Python, not generated code.
+CPU_LAUNCH = 1e-6
+
+TARGETS = ("cpu", "cuda")
+
+
+@functools.lru_cache(maxsize=8)
+def _cpu_model(cache: str | None) -> Roofline:
+    from .machine import cpu_rates
+
+    rates = cpu_rates(cache)
+    return Roofline("cpu", rates.gflops * 1e9, rates.bandwidth_gbs * 1e9, CPU_LAUNCH)
+
+
+def cost_model(target: str | CostModel, cache: str | None = None) -> CostModel:
+    """The cost model of a target by name ("cpu", "cuda"), or a CostModel given as is.
+
+    The cpu model measures this machine on first use (cached on disk; `cache` overrides the
+    cache directory).
+    """
+    if not isinstance(target, str):
+        if isinstance(target, CostModel):
+            return target
+        raise Error(f"a target is a name ({', '.join(TARGETS)}) or a CostModel, "
+                    f"not {type(target).__name__}")
+    if target == "cuda":
+        return CUDA
+    if target == "cpu":
+        return _cpu_model(None if cache is None else str(cache))
+    raise Error(f"unknown target {target!r}; valid targets: {', '.join(TARGETS)}")
+
+
+def _expanded(module: Module) -> Module:
+    if not getattr(module, "_verified", False):
+        verify(module)
+        object.__setattr__(module, "_verified", True)
+    if not module.grad_decls:
+        return module
+    try:
+        from ..ad import differentiate
+    except ImportError:
+        raise Error("this module has gradient declarations and eqsat.ad is not available to "
+                    "expand them; cost eqsat.differentiate(module) instead") from None
+    return differentiate(module)
+
+
+def function_costs(module: Module, target: str | CostModel = "cpu") -> dict[str, float]:
+    """Seconds of every function of `module` (a call counts its callee; gradient declarations
+    are expanded first)."""
+    model = cost_model(target)
+    module = _expanded(module)
+    funcs = {f.name: f for f in module.functions}
+    done: dict[str, float] = {}
+
+    def cost_of(f: Function) -> float:
+        # the call graph is acyclic (verified), so an explicit post-order needs no recursion
+        stack = [f.name]
+        while stack:
+            name = stack[-1]
+            if name in done:
+                stack.pop()
+                continue
+            callees = [s.attr["callee"] for s in funcs[name].body if s.op == "call"]
+            missing = [c for c in callees if c not in done]
+            if missing:
+                stack.extend(missing)
+                continue
+            env = funcs[name].types()
+            total = 0.0
+            for s in funcs[name].body:
+                ins = [env[o] for o in s.operands]
+                total += model.stmt_cost(s.op, s.attr, ins, s.types)
+                if s.op == "call":
+                    total += done[s.attr["callee"]]
+            done[name] = total
+            stack.pop()
+        return done[f.name]
+
+    return {f.name: cost_of(f) for f in module.functions}
+
+
+def module_cost(module: Module, target: str | CostModel = "cpu") -> float:
+    """The cost model's estimate in seconds for all functions of `module` (eqsat.cost)."""
+    return float(sum(function_costs(module, target).values()))

@@ -1,0 +1,115 @@
+"""This machine's floating-point rate and memory bandwidth, measured once and cached.
+
+The roofline model of the `cpu` target needs two numbers. A short numpy micro-benchmark
+(well under a second: a BLAS matrix product and a large array copy, best of a few runs) measures
+them on first use; the result lives in a JSON file in the user's cache directory
+(`$EQSAT_CACHE_DIR`, else `$XDG_CACHE_HOME/eqsat`, else `~/.cache/eqsat`) and is measured again
+only when the machine or numpy changes, or when asked to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+CACHE_ENV = "EQSAT_CACHE_DIR"
+CACHE_FILE = "machine.json"
+
+# Sizes chosen so that the whole benchmark stays well under a second on a slow laptop while
+# the copy (32 MiB read + 32 MiB written) still spills out of a typical last-level cache.
+_MATMUL_N = 512
+_COPY_BYTES = 32 * 2**20
+_REPEATS = 4
+
+
+@dataclass(frozen=True)
+class CpuRates:
+    """Measured peak GFLOP/s (fp32 matrix product) and memory bandwidth (GB/s) of this machine."""
+
+    gflops: float
+    bandwidth_gbs: float
+    key: str = ""
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """Where eqsat keeps its cache: the argument, `$EQSAT_CACHE_DIR`, XDG's cache, ~/.cache."""
+    if override is not None:
+        return Path(override)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "eqsat"
+    return Path.home() / ".cache" / "eqsat"
+
+
+def machine_key() -> str:
+    """What identifies a measurement: host, processor, core count and numpy version."""
+    return "|".join([platform.node(), platform.machine(), platform.processor(),
+                     str(os.cpu_count()), np.__version__])
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def measure() -> CpuRates:
+    """Run the micro-benchmark now (a fraction of a second) and return its rates."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((_MATMUL_N, _MATMUL_N), dtype=np.float32)
+    b = rng.standard_normal((_MATMUL_N, _MATMUL_N), dtype=np.float32)
+    out = np.empty_like(a)
+    np.matmul(a, b, out=out)  # warm up BLAS threads and pages
+    mm = _best_seconds(lambda: np.matmul(a, b, out=out), _REPEATS)
+    gflops = 2 * _MATMUL_N**3 / mm / 1e9
+
+    src = np.ones(_COPY_BYTES // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # touch the destination pages before timing
+    cp = _best_seconds(lambda: np.copyto(dst, src), _REPEATS)
+    bandwidth = 2 * _COPY_BYTES / cp / 1e9
+    return CpuRates(gflops=gflops, bandwidth_gbs=bandwidth, key=machine_key())
+
+
+def _read(path: Path, key: str) -> CpuRates | None:
+    try:
+        data = json.loads(path.read_text())
+        rates = CpuRates(float(data["gflops"]), float(data["bandwidth_gbs"]), str(data["key"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or damaged cache: measure again
+    if rates.key != key or not (rates.gflops > 0 and rates.bandwidth_gbs > 0):
+        return None
+    return rates
+
+
+def cpu_rates(cache: str | os.PathLike | None = None, refresh: bool = False) -> CpuRates:
+    """This machine's rates: from the cache file when it matches this machine, else measured.
+
+    `cache` overrides the cache directory; `refresh=True` measures again. A cache directory
+    that cannot be written is not an error: the measurement is used and not kept.
+    """
+    path = cache_dir(cache) / CACHE_FILE
+    key = machine_key()
+    if not refresh:
+        found = _read(path, key)
+        if found is not None:
+            return found
+    rates = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(rates), indent=1))
+        os.replace(tmp, path)  # atomic, so concurrent processes never read half a file
+    except OSError:
+        pass
+    return rates

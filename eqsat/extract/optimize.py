@@ -1,0 +1,354 @@
+"""`optimize`: differentiate, load into one e-graph, saturate, extract per function, rebuild.
+
+The whole module goes into one e-graph, so rewrites found for one function serve every
+function (a primal and its adjoint share their forward values; equal terms of different
+functions share e-classes). Extraction then runs per function: at run time each function
+computes its own values, so what the target pays for a function is the DAG cost of its own
+program (a value shared inside it, such as a forward value the adjoint reads, is paid once).
+A node is usable in a function only if every parameter it reaches is one of that function's.
+
+Calls are priced with the callee's final cost, so callees are extracted first. Each function
+keeps its input program unless the extracted one is strictly cheaper under the target's cost
+model, which makes the result never costlier than the input, function by function.
+
+`optimize` returns the Module; `optimize_with_report` also returns an `OptimizeReport` (a
+Module is immutable and has no room for one).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from collections.abc import Hashable, Mapping
+
+import numpy as np
+from egglog.bindings import EggSmolError
+
+from ..errors import Error
+from ..ir.module import Function, Module, Stmt
+from ..ir.verifier import verify
+from ..rules.bridge import ENode as BridgeNode
+from ..rules.bridge import Serialized
+from ..rules.lang import RuleSet
+from ..rules.runner import Limits, saturate
+from .choice import Extraction
+from .cost import CostModel, cost_model, function_costs
+from .egraph import FREE_OPS, EGraph, node_costs
+from .report import FunctionResult, OptimizeReport, provenance
+
+# Extraction may spend this share of `Limits.seconds` (at least EXTRACT_MIN_SECONDS), split
+# over the functions by their e-graph sizes; the ILP returns its greedy start when time is up.
+EXTRACT_SHARE = 0.5
+EXTRACT_MIN_SECONDS = 1.0
+
+# A class standing for one call statement (all its results); its node carries the callee's
+# cost once, and each result's class holds a free `call_result` node that reads it.
+CALL_RESULT = "call_result"
+
+
+class OptimizeWarning(UserWarning):
+    """The optimizer could not run a stage and kept the input program (the report says why)."""
+
+
+def optimize(module: Module, rules: RuleSet | None = None, target: str | CostModel = "cpu",
+             limits: Limits | None = None, method: str = "auto",
+             progress: bool = False) -> Module:
+    """The cheapest equivalent program found for `module` on `target`: same functions, same
+    results, never costlier than the input (gradient declarations expanded)."""
+    return optimize_with_report(module, rules, target, limits, method, progress)[0]
+
+
+def optimize_with_report(module: Module, rules: RuleSet | None = None,
+                         target: str | CostModel = "cpu", limits: Limits | None = None,
+                         method: str = "auto", progress: bool = False
+                         ) -> tuple[Module, OptimizeReport]:
+    """`optimize`, and the report of what it did (see `eqsat.extract.report`)."""
+    from ..ad import differentiate
+    from ..rules import default
+    from . import METHODS
+
+    if not isinstance(module, Module):
+        raise Error(f"optimize takes an eqsat.Module, not {type(module).__name__}")
+    if rules is not None and not isinstance(rules, RuleSet):
+        raise Error(f"rules must be an eqsat.rules.RuleSet (or None for the built-in rules), "
+                    f"not {type(rules).__name__}")
+    if limits is not None and not isinstance(limits, Limits):
+        raise Error(f"limits must be an eqsat.Limits, not {type(limits).__name__}")
+    if method not in METHODS:
+        raise Error(f"unknown extraction method {method!r}; valid: {', '.join(METHODS)}")
+    model = cost_model(target)
+    limits = limits or Limits()
+    rules = default() if rules is None else rules
+    report = OptimizeReport(target=model.name, method=method)
+    clock = _Clock(report, progress)
+
+    expanded = differentiate(module)
+    if not getattr(expanded, "_verified", False):
+        verify(expanded)
+        object.__setattr__(expanded, "_verified", True)
+    before = function_costs(expanded, model)
+    clock.lap("differentiate")
+
+    def keep_input(why: str) -> tuple[Module, OptimizeReport]:
+        report.notes.append(why)
+        warnings.warn(f"optimize kept the input program: {why}", OptimizeWarning, stacklevel=3)
+        report.functions = [FunctionResult(f.name, before[f.name], before[f.name], True, "-",
+                                           0.0, False, 0) for f in expanded.functions]
+        return expanded, report
+
+    if not expanded.functions:
+        return expanded, report
+    try:
+        eg, sat = saturate(expanded, rules, limits, progress)
+    except (Error, EggSmolError) as e:
+        # an op without an e-graph encoding, or a rule set egglog rejects: the input stands
+        hint = (" (a rule equates values of different types; eqsat.rules.check finds it)"
+                if "Illegal merge" in str(e) else "")
+        return keep_input(f"saturation failed: {e}{hint}")
+    report.stop_reason, report.rounds = sat.stop_reason, len(sat.rounds)
+    report.enodes_initial, report.enodes_final = sat.initial_nodes, sat.final_nodes
+    report.fired = sat.fired
+    clock.lap("saturate")
+    ser = eg.serialize()
+    report.eclasses = len(ser.classes)
+    clock.lap("serialize")
+
+    result = _extract_all(expanded, ser, model, method, limits, before, report)
+    clock.lap("extract")
+    report.fused, report.transposes = provenance(expanded, result, rules, report.fired)
+    clock.lap("report")
+    if progress:
+        print(report, file=sys.stderr)
+    return result, report
+
+
+class _Clock:
+    def __init__(self, report: OptimizeReport, progress: bool):
+        self.report, self.progress, self.t = report, progress, time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.report.seconds[stage] = now - self.t
+        if self.progress:
+            print(f"eqsat: {stage}: {now - self.t:.3f}s", file=sys.stderr)
+        self.t = now
+
+
+# ---------------------------------------------------------------- extraction per function
+
+
+def _extract_all(module: Module, ser: Serialized, model: CostModel, method: str,
+                 limits: Limits, before: Mapping[str, float], report: OptimizeReport) -> Module:
+    from . import extract
+
+    index = _Index(ser)
+    funcs = {f.name: f for f in module.functions}
+    sizes = {f: max(1, len(index.usable(f))) for f in funcs}
+    budget = max(EXTRACT_MIN_SECONDS, EXTRACT_SHARE * limits.seconds)
+    start = time.perf_counter()
+    final: dict[str, float] = {}  # function -> cost of the body kept, callees as kept
+    chosen: dict[str, Function] = {}
+    results: dict[str, FunctionResult] = {}
+    for name in _callees_first(module):
+        f = funcs[name]
+        left = sum(sizes[g] for g in funcs if g not in final)
+        share = max(0.05, (budget - (time.perf_counter() - start)) * sizes[name] / left)
+        in_cost = body_cost(f, model, final)
+        t0 = time.perf_counter()
+        note, ext, candidate = "", None, None
+        try:
+            graph = function_graph(ser, index, f, module)
+            costs = node_costs(graph, model, final, FREE_OPS | {CALL_RESULT})
+            ext = extract(graph, costs, method, time_limit=share)
+            candidate = emit(f, graph, ext, ser, module)
+        except Error as e:
+            note = f"extraction failed, input kept: {e}"
+        seconds = time.perf_counter() - t0
+        out_cost = body_cost(candidate, model, final) if candidate is not None else np.inf
+        keep = not out_cost < in_cost * (1 - 1e-12)
+        chosen[name] = f if keep else candidate
+        final[name] = in_cost if keep else out_cost
+        results[name] = FunctionResult(
+            name, before[name], final[name], keep, ext.method if ext else "-", seconds,
+            bool(ext and ext.optimal), len(ext.graph.nodes) if ext else 0, note)
+    out = Module.of(module.name, [chosen[f.name] for f in module.functions])
+    try:
+        verify(out)
+    except Error as e:
+        # a rule produced an ill-typed program the e-graph's type tables did not catch
+        report.notes.append(f"the extracted module did not verify, input kept: {e}")
+        report.functions = [FunctionResult(f.name, before[f.name], before[f.name], True, "-",
+                                           0.0, False, 0) for f in module.functions]
+        return module
+    object.__setattr__(out, "_verified", True)
+    report.functions = [results[f.name] for f in module.functions]
+    return out
+
+
+def body_cost(f: Function, model: CostModel, callee_costs: Mapping[str, float]) -> float:
+    """Seconds of `f`'s own statements, each call adding `callee_costs[callee]`."""
+    env = f.types()
+    total = 0.0
+    for s in f.body:
+        total += model.stmt_cost(s.op, s.attr, [env[o] for o in s.operands], s.types)
+        if s.op == "call":
+            total += callee_costs[s.attr["callee"]]
+    return total
+
+
+def _callees_first(module: Module) -> list[str]:
+    funcs = {f.name: f for f in module.functions}
+    order: list[str] = []
+    state: dict[str, int] = {}
+    for root in funcs:
+        stack = [root]
+        while stack:
+            name = stack[-1]
+            if state.get(name) == 2:
+                stack.pop()
+                continue
+            state[name] = 1
+            todo = [s.attr["callee"] for s in funcs[name].body
+                    if s.op == "call" and state.get(s.attr["callee"]) is None]
+            if todo:
+                stack.extend(todo)
+                continue
+            state[name] = 2
+            order.append(name)
+            stack.pop()
+    return order
+
+
+class _Index:
+    """Users of each e-class and each node's distinct child classes, shared by all functions."""
+
+    def __init__(self, ser: Serialized):
+        self.ser = ser
+        self.kids: dict[str, tuple[str, ...]] = {}
+        self.users: dict[str, list[str]] = {}
+        self.leaves: list[str] = []
+        for nid, n in ser.nodes.items():
+            if n.eclass not in ser.types or any(c not in ser.types for c in n.children):
+                continue  # untyped: cannot be priced, so never usable
+            ks = tuple(dict.fromkeys(n.children))
+            self.kids[nid] = ks
+            for c in ks:
+                self.users.setdefault(c, []).append(nid)
+            if not ks:
+                self.leaves.append(nid)
+        self._usable: dict[str, set[str]] = {}
+
+    def usable(self, function: str) -> set[str]:
+        """Node ids usable in `function` (as `rules.usable_nodes`, in time linear in the size)."""
+        if function in self._usable:
+            return self._usable[function]
+        nodes = self.ser.nodes
+        pending = {nid: len(ks) for nid, ks in self.kids.items()}
+        ok_class: set[str] = set()
+        ok: set[str] = set()
+        queue = [nid for nid in self.leaves
+                 if nodes[nid].op != "param" or nodes[nid].attrs[0][1] == function]
+        while queue:
+            nid = queue.pop()
+            ok.add(nid)
+            c = nodes[nid].eclass
+            if c in ok_class:
+                continue
+            ok_class.add(c)
+            for u in self.users.get(c, ()):
+                pending[u] -= 1
+                if pending[u] == 0:
+                    queue.append(u)
+        self._usable[function] = ok
+        return ok
+
+
+def function_graph(ser: Serialized, index: _Index, f: Function, module: Module) -> EGraph:
+    """The extraction e-graph of one function: its usable nodes reachable from its results.
+
+    A call node becomes a `call` node in a class of its own (one per callee and arguments,
+    typed by the callee's results) and a free `call_result` node per result reading it, so a
+    call whose several results are used is paid once.
+    """
+    usable = index.usable(f.name)
+    members: dict[str, list[str]] = {}
+    for nid in usable:
+        members.setdefault(ser.nodes[nid].eclass, []).append(nid)
+    roots = ser.roots[f.name]
+    missing = [r for r in roots if r not in members]
+    if missing:
+        raise Error(f"result e-class {missing[0]} of @{f.name} has no usable e-node")
+    seen: set[str] = set(roots)
+    stack = list(roots)
+    rows: list[tuple[Hashable, str, object, tuple]] = []
+    types: dict[Hashable, object] = {}
+    calls: set[Hashable] = set()
+    while stack:
+        c = stack.pop()
+        types[c] = ser.types[c]
+        for nid in sorted(members[c]):
+            n: BridgeNode = ser.nodes[nid]
+            if n.op == "call":
+                attrs = dict(n.attrs)
+                callee = attrs["callee"]
+                inv = ("call", callee, n.children)
+                if inv not in calls:
+                    calls.add(inv)
+                    rows.append((inv, "call", (("callee", callee),), n.children))
+                    types[inv] = tuple(module[callee].result_types)
+                rows.append((c, CALL_RESULT, (("index", attrs["index"]),), (inv,)))
+            else:
+                rows.append((c, n.op, n.attrs, n.children))
+            for k in n.children:
+                if k not in seen:
+                    seen.add(k)
+                    stack.append(k)
+    return EGraph(rows, types, roots)
+
+
+def emit(f: Function, graph: EGraph, ext: Extraction, ser: Serialized, module: Module) -> Function:
+    """The function `f` computing its results with the nodes `ext` chose (children first)."""
+    names: dict[int, str] = {}
+    taken = {p.name for p in f.params}
+    params = taken.copy()
+    body: list[Stmt] = []
+    results_of: dict[int, tuple[str, ...]] = {}
+    # name a call's results after the classes that read them
+    result_class = {(n.children[0], n.attr["index"]): n.eclass for n in graph.nodes
+                    if n.op == CALL_RESULT}
+
+    def fresh(c: int) -> str:
+        cid = graph.class_ids[c]
+        base = ser.names.get((f.name, cid), "") if isinstance(cid, str) else ""
+        base = base or f"v{len(taken)}"
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}.{k}"
+        taken.add(name)
+        return name
+
+    for c in ext.order():
+        node = graph.nodes[ext.choice[c]]
+        attrs = node.attrs
+        if node.op == "param":
+            name = dict(attrs)["name"]
+            if name not in params:
+                raise Error(f"e-class {graph.class_ids[c]} chosen in @{f.name} is a parameter "
+                            "of another function")
+            names[c] = name
+            continue
+        if node.op == CALL_RESULT:
+            names[c] = results_of[node.children[0]][dict(attrs)["index"]]
+            continue
+        operands = tuple(names[k] for k in node.children)
+        if node.op == "call":
+            sig = module[dict(attrs)["callee"]].result_types
+            results_of[c] = tuple(fresh(result_class.get((c, i), c)) for i in range(len(sig)))
+            body.append(Stmt(results_of[c], "call", operands, attrs, sig))
+            continue
+        names[c] = fresh(c)
+        body.append(Stmt((names[c],), node.op, operands, attrs, (graph.class_type(c),)))
+    returns = tuple(names[r] for r in graph.roots)
+    return Function(f.name, f.params, f.result_types, tuple(body), returns)

@@ -1,0 +1,225 @@
+"""Cost models: work per op, roofline targets, module costs, the cached cpu measurement."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import eqsat
+from eqsat.extract import (CUDA, TARGETS, EGraph, Roofline, Work, cost_model, function_costs,
+                           module_cost, node_costs, work)
+from eqsat.extract import machine
+from eqsat.ir import DType
+
+f32 = DType.f32
+
+
+def mod(text: str) -> eqsat.Module:
+    return eqsat.parse("module @m\n" + text)
+
+
+CHAIN = """
+func @left(%a: f32[4096,64], %b: f32[64,4096], %c: f32[4096,64]) -> f32[4096,64] {
+  %ab = matmul %a, %b : f32[4096,4096]
+  %r = matmul %ab, %c : f32[4096,64]
+  return %r
+}
+func @right(%a: f32[4096,64], %b: f32[64,4096], %c: f32[4096,64]) -> f32[4096,64] {
+  %bc = matmul %b, %c : f32[64,64]
+  %r = matmul %a, %bc : f32[4096,64]
+  return %r
+}
+"""
+
+UNFUSED = """
+func @f(%x: f32[1024,1024], %y: f32[1024,1024]) -> f32[1024,1024] {
+  %a = add %x, %y : f32[1024,1024]
+  %b = tanh %a : f32[1024,1024]
+  %c = mul %b, %x : f32[1024,1024]
+  return %c
+}
+"""
+
+FUSED = """
+func @f(%x: f32[1024,1024], %y: f32[1024,1024]) -> f32[1024,1024] {
+  %c = map %x, %y, body=mul(tanh(add($0, $1)), $0) : f32[1024,1024]
+  return %c
+}
+"""
+
+# A fixed model so the tests do not depend on this machine's measurement.
+SLOW_CPU = Roofline("cpu-like", peak_flops=100e9, bandwidth=20e9, launch=1e-6)
+
+
+@pytest.mark.parametrize("model", [CUDA, SLOW_CPU], ids=["cuda", "cpu-like"])
+def test_matmul_chain_orders_differ_as_flops_say(model):
+    costs = function_costs(mod(CHAIN), model)
+    # (AB)C does 4.3e9 flops and writes a 64 MiB intermediate; A(BC) 6.7e7
+    assert costs["left"] > 5 * costs["right"]
+
+
+def test_matmul_work_is_2mnk():
+    w = work("matmul", {}, [f32[2, 8, 16], f32[2, 16, 4]], [f32[2, 8, 4]])
+    assert w.flops == 2 * 2 * 8 * 16 * 4
+    assert w.bytes == 4 * (2 * 8 * 16 + 2 * 16 * 4 + 2 * 8 * 4)
+    assert w.kernels == 1
+    # a transposed operand stored as [k, m] is priced the same
+    wt = work("matmul_t", {"ta": 1, "tb": 0}, [f32[2, 16, 8], f32[2, 16, 4]], [f32[2, 8, 4]])
+    assert wt == w
+
+
+@pytest.mark.parametrize("model", [CUDA, SLOW_CPU], ids=["cuda", "cpu-like"])
+def test_fused_map_is_cheaper_than_its_unfused_chain(model):
+    unfused, fused = module_cost(mod(UNFUSED), model), module_cost(mod(FUSED), model)
+    assert fused < unfused
+    # same flops; the fused kernel moves 3 arrays instead of 8 and launches once instead of 3
+    n = 1024 * 1024
+    w_fused = work("map", mod(FUSED)["f"].body[0].attr, [f32[1024, 1024]] * 2, [f32[1024, 1024]])
+    assert w_fused.bytes == 3 * 4 * n and w_fused.kernels == 1
+    assert w_fused.flops == (1 + 20 + 1) * n
+
+
+def test_transcendentals_weigh_more_than_adds():
+    t = [f32[64]]
+    assert work("exp", {}, t, t).flops > 10 * work("add", {}, t * 2, t).flops
+    assert work("tanh", {}, t, t).flops >= work("exp", {}, t, t).flops
+
+
+def test_views_are_free_and_transpose_costs_its_bytes():
+    x, y = f32[256, 512], f32[512, 256]
+    assert work("reshape", {}, [x], [f32[512, 256]]) == Work()
+    assert work("broadcast", {}, [f32[512]], [x]) == Work()
+    t = work("transpose", {"perm": (1, 0)}, [x], [y])
+    assert t.bytes == 2 * x.nbytes and t.flops == 0 and t.kernels == 1
+    # folding the transpose into the matmul saves its whole cost
+    plain = mod("""
+    func @f(%a: f32[512,256], %b: f32[512,64]) -> f32[256,64] {
+      %t = transpose %a, perm=[1,0] : f32[256,512]
+      %r = matmul %t, %b : f32[256,64]
+      return %r
+    }""")
+    folded = mod("""
+    func @f(%a: f32[512,256], %b: f32[512,64]) -> f32[256,64] {
+      %r = matmul_t %a, %b, ta=1, tb=0 : f32[256,64]
+      return %r
+    }""")
+    for model in (CUDA, SLOW_CPU):
+        saved = module_cost(plain, model) - module_cost(folded, model)
+        assert saved == pytest.approx(model.seconds(t))
+
+
+def test_map_reduce_and_epilogue_work():
+    w = work("map_reduce", {"body": mod("""
+    func @f(%x: f32[8,4], %y: f32[4]) -> f32[8] {
+      %s = map_reduce %x, %y, body=mul($0, $1), reduce=sum, axes=[1] : f32[8]
+      return %s
+    }""")["f"].body[0].attr["body"]}, [f32[8, 4], f32[4]], [f32[8]])
+    assert w.flops == 2 * 32 and w.bytes == 4 * (32 + 4 + 8) and w.kernels == 1
+    epi = mod("""
+    func @f(%x: f32[128,64], %w: f32[64,10], %b: f32[10]) -> f32[128,10] {
+      %h = matmul_epi %x, %w, %b, ta=0, tb=0, body=relu(add($0, $1)) : f32[128,10]
+      return %h
+    }""")
+    body = epi["f"].body[0].attr
+    w = work("matmul_epi", body, [f32[128, 64], f32[64, 10], f32[10]], [f32[128, 10]])
+    assert w.flops == 2 * 128 * 64 * 10 + 2 * 128 * 10
+    assert w.bytes == 4 * (128 * 64 + 64 * 10 + 10 + 128 * 10)
+
+
+def test_call_costs_its_callee_and_module_cost_sums_functions():
+    m = mod("""
+    func @g(%x: f32[64,64]) -> f32[64,64] {
+      %e = exp %x : f32[64,64]
+      return %e
+    }
+    func @f(%x: f32[64,64]) -> f32[64,64] {
+      %a = call @g(%x) : f32[64,64]
+      %b = add %a, %x : f32[64,64]
+      return %b
+    }""")
+    costs = function_costs(m, CUDA)
+    add = CUDA.stmt_cost("add", {}, [f32[64, 64]] * 2, [f32[64, 64]])
+    assert costs["f"] == pytest.approx(costs["g"] + add)
+    assert module_cost(m, CUDA) == pytest.approx(costs["f"] + costs["g"])
+    assert eqsat.ir.verify(m) is m
+
+
+def test_gradient_declarations_are_costed_after_expansion():
+    m = mod("""
+    func @loss(%x: f32[16,8], %w: f32[8,4]) -> f32[] {
+      %p = matmul %x, %w : f32[16,4]
+      %t = sum %p, axes=[0,1] : f32[]
+      return %t
+    }
+    func @loss_grad = grad @loss wrt %w
+    """)
+    costs = function_costs(m, CUDA)
+    assert set(costs) == {"loss", "loss_grad"}
+    assert costs["loss_grad"] > 0
+
+
+def test_unknown_target_lists_the_valid_ones():
+    with pytest.raises(eqsat.Error, match="unknown target 'tpu'.*cpu, cuda"):
+        module_cost(mod(CHAIN), "tpu")
+    with pytest.raises(eqsat.Error):
+        cost_model(42)
+    assert TARGETS == ("cpu", "cuda")
+    with pytest.raises(eqsat.Error, match="bandwidth"):
+        Roofline("bad", 1e9, 0.0, 0.0)
+
+
+def test_a_custom_cost_model_is_used_as_is():
+    class CountKernels:
+        name = "kernels"
+
+        def stmt_cost(self, op, attrs, operands, results):
+            return 0.0 if op in ("reshape", "broadcast") else 1.0
+
+    assert module_cost(mod(UNFUSED), CountKernels()) == 3.0
+    assert module_cost(mod(FUSED), CountKernels()) == 1.0
+
+
+def test_node_costs_of_an_egraph_match_the_statements():
+    t = f32[1024, 1024]
+    g = EGraph([("x", "param", {"name": "x"}, []), ("y", "param", {"name": "y"}, []),
+                ("a", "add", {}, ["x", "y"]), ("b", "tanh", {}, ["a"]),
+                ("c", "mul", {}, ["b", "x"])],
+               types={"x": t, "y": t, "a": t, "b": t, "c": t}, roots=["c"])
+    assert node_costs(g, CUDA).sum() == pytest.approx(module_cost(mod(UNFUSED), CUDA))
+    with pytest.raises(eqsat.Error, match="callee"):
+        node_costs(EGraph([("x", "param", {}, []), ("r", "call", {"callee": "g"}, ["x"])],
+                          types={"x": t, "r": t}, roots=["r"]), CUDA)
+
+
+def test_cpu_rates_are_measured_once_and_cached(tmp_path, monkeypatch):
+    first = machine.cpu_rates(tmp_path)
+    assert first.gflops > 0.1 and first.bandwidth_gbs > 0.1
+    data = json.loads((tmp_path / machine.CACHE_FILE).read_text())
+    assert data["gflops"] == first.gflops
+
+    def no_measuring():
+        raise AssertionError("measured again despite a valid cache")
+
+    monkeypatch.setattr(machine, "measure", no_measuring)
+    assert machine.cpu_rates(tmp_path) == first
+    monkeypatch.setenv(machine.CACHE_ENV, str(tmp_path))
+    assert machine.cache_dir() == tmp_path
+    assert machine.cpu_rates() == first
+
+
+def test_a_damaged_or_foreign_cache_is_measured_again(tmp_path, monkeypatch):
+    path = tmp_path / machine.CACHE_FILE
+    fake = machine.CpuRates(1.0, 2.0, machine.machine_key())
+    monkeypatch.setattr(machine, "measure", lambda: fake)
+    path.write_text("{not json")
+    assert machine.cpu_rates(tmp_path) == fake
+    path.write_text(json.dumps({"gflops": 5.0, "bandwidth_gbs": 5.0, "key": "another machine"}))
+    assert machine.cpu_rates(tmp_path) == fake
+    assert machine.cpu_rates(tmp_path / "missing" / "dir") == fake
+
+
+def test_cpu_target_uses_the_measured_rates():
+    model = cost_model("cpu")
+    assert model.name == "cpu" and model.peak_flops > 0 and model.bandwidth > 0
+    assert module_cost(mod(CHAIN), "cpu") > 0

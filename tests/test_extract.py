@@ -1,0 +1,203 @@
+"""Extraction: DAG cost, greedy and ILP extractors against brute force, cycles, speed."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import eqsat
+from eqsat.extract import (CUDA, EGraph, ExtractionError, dag_cost, extract, extract_greedy,
+                           extract_ilp, extract_tree, node_costs, tree_cost)
+from eqsat.ir import DType
+
+f32 = DType.f32
+
+
+def graph(nodes, roots):
+    """An e-graph from (class, op, children, cost) rows; returns it with its costs."""
+    g = EGraph([(c, op, {}, kids) for c, op, kids, _ in nodes], roots=roots)
+    return g, np.array([cost for *_, cost in nodes], dtype=float)
+
+
+def brute_force(g: EGraph, costs: np.ndarray) -> float:
+    """The DAG-cost optimum over every choice of one node per class (inf if none is valid)."""
+    best = float("inf")
+    for picks in itertools.product(*g.class_nodes):
+        try:
+            best = min(best, dag_cost(g, costs, dict(enumerate(picks))))
+        except ExtractionError:
+            pass
+    return best
+
+
+# r2 needs the expensive S; r1 can reuse S (1 more) or take its own cheap path T (6 alone).
+SHARED = [
+    ("x", "param", [], 0.0),
+    ("S", "expensive", ["x"], 10.0),
+    ("T", "cheap", ["x"], 5.0),
+    ("r1", "g", ["S"], 1.0),
+    ("r1", "h", ["T"], 1.0),
+    ("r2", "f", ["S"], 1.0),
+]
+
+
+@pytest.mark.parametrize("roots", [["r1", "r2"], ["top"]])
+def test_dag_extraction_beats_tree_extraction_on_a_shared_subterm(roots):
+    rows = SHARED + [("top", "pair", ["r1", "r2"], 0.0)]
+    g, costs = graph(rows, roots)
+    tree = extract_tree(g, costs)
+    assert g.nodes[tree.choice[g.index["r1"]]].op == "h"  # cheaper as a tree: 6 < 11
+    assert tree.cost == 17.0
+    for ex in (extract_greedy(g, costs), extract_ilp(g, costs)):
+        assert ex.node("r1").op == "g"
+        assert ex.cost == 12.0 == brute_force(g, costs)
+        assert tree_cost(g, costs, ex.choice) > tree_cost(g, costs, tree.choice)
+    assert extract_ilp(g, costs).optimal
+
+
+def test_self_loops_and_cycles_are_never_chosen():
+    rows = [
+        ("x", "param", [], 0.0),
+        ("one", "const", [], 0.0),
+        ("y", "exp", ["x"], 5.0),
+        ("y", "mul", ["y", "one"], 0.0),  # y = y * 1: free, but a cycle
+        ("a", "f", ["b"], 0.0),  # a and b define each other for free...
+        ("b", "g", ["a"], 0.0),
+        ("a", "h", ["y"], 1.0),  # ...only this breaks the cycle
+        ("r", "add", ["a", "y"], 1.0),
+    ]
+    g, costs = graph(rows, ["r"])
+    for method in ("tree", "greedy", "ilp"):
+        ex = extract(g, costs, method=method)
+        assert ex.node("y").op == "exp" and ex.node("a").op == "h"
+        assert ex.cost == 7.0 == dag_cost(g, costs, ex.choice)
+        assert ex.order().index(g.index["y"]) < ex.order().index(g.index["a"])
+
+
+def test_a_root_without_an_acyclic_program_is_an_error():
+    g, costs = graph([("x", "param", [], 0.0), ("y", "neg", ["y"], 1.0),
+                      ("r", "add", ["x", "y"], 1.0)], ["r"])
+    for method in ("tree", "greedy", "ilp"):
+        with pytest.raises(ExtractionError, match="no acyclic program"):
+            extract(g, costs, method=method)
+
+
+def test_matmul_chain_association_is_chosen_by_the_cost_model():
+    a, b, c = f32[4096, 64], f32[64, 4096], f32[4096, 64]
+    g = EGraph([("A", "param", {"name": "a"}, []), ("B", "param", {"name": "b"}, []),
+                ("C", "param", {"name": "c"}, []), ("AB", "matmul", {}, ["A", "B"]),
+                ("BC", "matmul", {}, ["B", "C"]), ("R", "matmul", {}, ["AB", "C"]),
+                ("R", "matmul", {}, ["A", "BC"])],
+               types={"A": a, "B": b, "C": c, "AB": f32[4096, 4096], "BC": f32[64, 64],
+                      "R": f32[4096, 64]}, roots=["R"])
+    costs = node_costs(g, CUDA)
+    for method in ("greedy", "ilp"):
+        ex = extract(g, costs, method=method)
+        assert g.class_ids[ex.node("R").children[1]] == "BC"
+        assert set(ex.choice) == {g.index[k] for k in ("A", "B", "C", "BC", "R")}
+
+
+@st.composite
+def small_egraphs(draw):
+    """Up to 6 classes of up to 3 nodes over any classes (cycles and self-loops included)."""
+    n = draw(st.integers(1, 6))
+    rows = [(0, "param", [], 0.0)]
+    for c in range(1, n):
+        for k in range(draw(st.integers(1, 3))):
+            kids = draw(st.lists(st.integers(0, n - 1), max_size=3))
+            cost = draw(st.sampled_from([0.0, 1.0, 2.0, 3.0, 5.0, 8.0]))
+            rows.append((c, f"op{k}", kids, cost))
+    roots = draw(st.lists(st.integers(0, n - 1), min_size=1, max_size=3))
+    return graph(rows, roots)
+
+
+@settings(max_examples=150, deadline=None)
+@given(small_egraphs())
+def test_ilp_is_optimal_and_greedy_never_beats_it(gc):
+    g, costs = gc
+    best = brute_force(g, costs)
+    if best == float("inf"):
+        for method in ("greedy", "ilp"):
+            with pytest.raises(ExtractionError):
+                extract(g, costs, method=method)
+        return
+    ilp, greedy, tree = extract_ilp(g, costs), extract_greedy(g, costs), extract_tree(g, costs)
+    assert ilp.cost == pytest.approx(best)
+    assert greedy.cost >= best - 1e-9 and tree.cost >= greedy.cost - 1e-9
+    assert ilp.cost <= greedy.cost + 1e-9
+    for ex in (ilp, greedy, tree):
+        assert ex.cost == pytest.approx(dag_cost(g, costs, ex.choice))
+        assert set(ex.choice) == set(ex.order())  # exactly the reachable classes
+
+
+def synthetic(n_classes: int, seed: int = 0, alts: int = 3, cyc: float = 0.05):
+    """A layered e-graph shaped like a saturated program: 1-3 alternatives per class over
+    recent classes, self-loops (x = x*1) and back edges (cycles), five roots."""
+    rng = random.Random(seed)
+    rows = []
+    for c in range(n_classes):
+        if c < 10:
+            rows.append((c, "param", [], 0.0))
+            continue
+        for a in range(rng.randint(1, alts)):
+            kids = [rng.randint(max(0, c - 50), c - 1) for _ in range(rng.randint(1, 3))]
+            rows.append((c, f"op{a}", kids, rng.uniform(1, 10)))
+        if rng.random() < cyc:
+            rows.append((c, "mul", [c, 0], 0.0))
+        if rng.random() < cyc and c + 5 < n_classes:
+            rows.append((c, "neg", [c + rng.randint(1, 5)], 0.5))
+    return graph(rows, [n_classes - 1 - i for i in range(5)])
+
+
+def test_greedy_handles_a_30k_node_egraph_quickly():
+    g, costs = synthetic(15000)
+    assert len(g.nodes) >= 30000
+    t0 = time.perf_counter()
+    tree = extract_tree(g, costs)
+    t_tree = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    greedy = extract_greedy(g, costs, time_limit=1.0)
+    t_greedy = time.perf_counter() - t0
+    assert t_tree < 1.0
+    assert t_greedy < 2.5  # 1 s of improvement budget plus the tree pass, on a shared machine
+    assert greedy.cost == pytest.approx(dag_cost(g, costs, greedy.choice))
+    assert greedy.cost < tree.cost
+
+
+def test_ilp_falls_back_to_greedy_when_out_of_time():
+    g, costs = synthetic(400, seed=3)
+    greedy = extract_greedy(g, costs)
+    ex = extract_ilp(g, costs, time_limit=0.2, greedy=greedy)
+    assert ex.cost <= greedy.cost + 1e-9
+    assert not ex.optimal
+    assert ex.cost == pytest.approx(dag_cost(g, costs, ex.choice))
+
+
+def test_auto_uses_ilp_on_small_graphs():
+    g, costs = graph(SHARED, ["r1", "r2"])
+    ex = extract(g, costs)
+    assert ex.method == "ilp" and ex.optimal and ex.cost == 12.0
+
+
+def test_bad_inputs_are_errors():
+    with pytest.raises(eqsat.Error, match="child class 'nope'"):
+        EGraph([("a", "neg", {}, ["nope"])])
+    with pytest.raises(eqsat.Error, match="root class 'r'"):
+        EGraph([("a", "param", {}, [])], roots=["r"])
+    with pytest.raises(eqsat.Error, match="has no type"):
+        EGraph([("a", "param", {}, [])], types={}, roots=["a"])
+    g, costs = graph(SHARED, ["r1"])
+    with pytest.raises(eqsat.Error, match="one cost per e-node"):
+        extract(g, costs[:-1])
+    with pytest.raises(eqsat.Error, match="non-negative"):
+        extract(g, -costs)
+    with pytest.raises(eqsat.Error, match="unknown extraction method 'best'"):
+        extract(g, costs, method="best")
+    with pytest.raises(eqsat.Error, match="not reachable"):
+        extract(g, costs).node("r2")
