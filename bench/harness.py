@@ -1,0 +1,130 @@
+"""Timing and compiling for the benchmarks: interleaved medians in one process, compile time
+cold and from the disk cache (each in a fresh subprocess), and the optional peers."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import eqsat
+from eqsat.ad import differentiate
+from eqsat.backend import compile_module
+
+BENCH = Path(__file__).resolve().parent
+
+
+def optimizer() -> Callable[[eqsat.Module], eqsat.Module] | None:
+    """eqsat.extract.optimize.optimize when that module exists, else None."""
+    try:
+        mod = importlib.import_module("eqsat.extract.optimize")
+    except ImportError:
+        return None
+    return getattr(mod, "optimize", None)
+
+
+def prepare(module: eqsat.Module, optimize: bool) -> eqsat.Module:
+    """Gradient declarations expanded, then (if asked and available) the optimizer run."""
+    module = differentiate(module) if module.grad_decls else module
+    opt = optimizer() if optimize else None
+    return opt(module) if opt is not None else module
+
+
+def interleaved_medians(fns: dict[str, Callable[[], Any]], seconds: float, min_rounds: int = 5
+                        ) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall seconds and median process CPU seconds (all threads) per call of each
+    function, run in rotating order round after round (so a burst of load from other
+    processes hits every contestant alike) for about `seconds`. On a loaded machine the CPU
+    time is the steadier figure for single-threaded code."""
+    for f in fns.values():  # warm up: page faults, caches, lazy initialisation
+        f()
+    wall: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    start, rnd = time.perf_counter(), 0
+    while rnd < min_rounds or time.perf_counter() - start < seconds:
+        for name in names[rnd % len(names):] + names[: rnd % len(names)]:
+            c0, t0 = time.process_time(), time.perf_counter()
+            fns[name]()
+            wall[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
+        rnd += 1
+    return ({k: float(np.median(v)) for k, v in wall.items()},
+            {k: float(np.median(v)) for k, v in cpu.items()})
+
+
+_COMPILE_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {bench!r})
+import workloads
+from harness import prepare
+from eqsat.backend import compile_module
+w = next(w for w in workloads.WORKLOADS if w.name == {name!r})
+t0 = time.perf_counter()
+m = prepare(w.modules[{variant!r}](), {optimize!r})
+t1 = time.perf_counter()
+compile_module(m, cache_dir={cache!r})
+t2 = time.perf_counter()
+print(json.dumps([t1 - t0, t2 - t1]))
+"""
+
+
+def compile_times(name: str, variant: str, optimize: bool) -> tuple[float, float, float]:
+    """(prepare, cold compile, compile from the disk cache) seconds, each compile in a fresh
+    process with an empty (then filled) cache directory; imports are not counted."""
+    with tempfile.TemporaryDirectory() as cache:
+        out = []
+        for _ in range(2):
+            script = _COMPILE_SCRIPT.format(bench=str(BENCH), name=name, variant=variant,
+                                            optimize=optimize, cache=cache)
+            res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONHASHSEED": "0"}, check=True)
+            out.append(json.loads(res.stdout.strip().splitlines()[-1]))
+    return out[0][0], out[0][1], out[1][1]
+
+
+def compile_here(module: eqsat.Module) -> eqsat.backend.Executable:
+    """Compile in this process without touching the user's disk cache."""
+    return compile_module(module, cache_dir=None)
+
+
+def peers() -> dict[str, Any]:
+    """The installed peers: 'jax' -> (jax, jax.numpy), 'torch' -> torch."""
+    found: dict[str, Any] = {}
+    try:
+        import jax
+        import jax.numpy as jnp
+        found["jax"] = (jax, jnp)
+    except ImportError:
+        pass
+    try:
+        import torch
+        found["torch"] = torch
+    except ImportError:
+        pass
+    return found
+
+
+def max_rel_error(got: Any, want: Any) -> float:
+    """The largest |got - want| / (|want| + 1e-3) over all results (a sanity check only)."""
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    worst = 0.0
+    for g, w in zip(got, want):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        worst = max(worst, float(np.max(np.abs(g - w) / (np.abs(w) + 1e-3), initial=0.0)))
+    return worst
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages, as uptime prints them."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())

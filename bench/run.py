@@ -1,0 +1,81 @@
+"""Run the benchmark suite: `python bench/run.py [--quick] [--only NAME ...] [--no-compile]`.
+
+Every workload runs against numpy eager (and jax.jit / torch eager when installed) in one
+process, interleaved; the table shows medians, the ratio time / numpy, and compile times (cold
+and from the disk cache, each in a fresh process). eqsat variants: `fused` is a hand-fused IR
+module, `core` the plain core-op module, `opt` the core module through eqsat's optimizer (when
+eqsat.extract.optimize exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+import workloads  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="shorter timing, no compile timing")
+    ap.add_argument("--only", nargs="*", help="workload names to run")
+    ap.add_argument("--no-compile", action="store_true", help="skip compile-time measurement")
+    ap.add_argument("--seconds", type=float, default=None, help="timing budget per workload")
+    args = ap.parse_args()
+    seconds = args.seconds or (1.5 if args.quick else 6.0)
+    rng = np.random.default_rng(0)
+    peers = harness.peers()
+    use_opt = harness.optimizer() is not None
+    print(f"load average at start: {harness.load_average()}; peers: "
+          f"{', '.join(peers) or 'none installed'}; optimizer: "
+          f"{'eqsat.extract.optimize' if use_opt else 'not available (hand-fused and core IR)'}")
+    header = f"{'workload':<12} {'contestant':<14} {'median ms':>10} {'/ numpy':>8} " \
+             f"{'cpu ms':>8} {'/ numpy':>8} {'max rel err':>11} {'compile s (cold / cached)':>26}"
+    print(header)
+    print("-" * len(header))
+    for w in workloads.WORKLOADS:
+        if args.only and w.name not in args.only:
+            continue
+        inputs = w.make_inputs(rng)
+        want = w.numpy(*inputs)
+        fns = {"numpy": lambda w=w: w.numpy(*inputs)}
+        errors: dict[str, float] = {}
+        compiles: dict[str, str] = {}
+        variants = [(v, v, False) for v in w.modules]
+        if use_opt and "core" in w.modules:
+            variants.append(("opt", "core", True))
+        for label, variant, optimize in variants:
+            exe = harness.compile_here(harness.prepare(w.modules[variant](), optimize))
+            fns[f"eqsat {label}"] = lambda exe=exe, w=w: exe(w.func, *inputs)
+            errors[f"eqsat {label}"] = harness.max_rel_error(exe(w.func, *inputs), want)
+            if not (args.quick or args.no_compile):
+                prep, cold, cached = harness.compile_times(w.name, variant, optimize)
+                compiles[f"eqsat {label}"] = f"{prep + cold:.3f} / {prep + cached:.3f}"
+        if "jax" in peers and w.jax is not None:
+            jax, jnp = peers["jax"]
+            jf = jax.jit(w.jax(jnp))
+            jin = [jnp.asarray(a) for a in inputs]
+            fns["jax.jit"] = lambda jf=jf, jin=jin: jax.block_until_ready(jf(*jin))
+        if "torch" in peers and w.torch is not None:
+            torch = peers["torch"]
+            tf = w.torch(torch)
+            tin = [torch.from_numpy(a) for a in inputs]
+            fns["torch eager"] = lambda tf=tf, tin=tin: tf(*tin)
+        med, cpu = harness.interleaved_medians(fns, seconds)
+        base, cbase = med["numpy"], cpu["numpy"]
+        for name, t in med.items():
+            err = f"{errors[name]:.1e}" if name in errors else ""
+            c = cpu[name]
+            print(f"{w.name:<12} {name:<14} {t * 1e3:>10.3f} {t / base:>8.3f} {c * 1e3:>8.2f} "
+                  f"{c / cbase:>8.3f} {err:>11} {compiles.get(name, ''):>26}", flush=True)
+    print(f"load average at end: {harness.load_average()}")
+
+
+if __name__ == "__main__":
+    main()

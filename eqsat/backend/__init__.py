@@ -1,0 +1,8 @@
+"""Code generation: the CPU target (llvmlite, MCJIT) turns an optimized module into an
+Executable; `emit_llvm` shows the LLVM IR it compiles."""
+
+from .cpu import compile_module, emit_llvm
+from .runtime import Executable
+from .scalar import LoweringError
+
+__all__ = ["Executable", "LoweringError", "compile_module", "emit_llvm"]

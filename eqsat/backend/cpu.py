@@ -1,0 +1,79 @@
+"""The CPU target: lower a module to LLVM IR, compile it (with memory and disk caches) and
+wrap the entry points in an Executable."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+
+from llvmlite import ir
+
+from ..errors import Error
+from ..ir.module import Module
+from ..ir.verifier import verify
+from . import jit
+from .entry import Plan, emit_module, plan_module
+from . import parallel
+from .runtime import Executable
+
+_DEFAULT = object()
+_memory: dict[str, jit.Code] = {}
+_lock = threading.Lock()
+
+
+def _checked(module: Module) -> Module:
+    if module.grad_decls:
+        names = ", ".join("@" + d.name for d in module.grad_decls)
+        raise Error(f"compile_module takes plain functions; expand the gradient declarations "
+                    f"({names}) with eqsat.differentiate first")
+    if not getattr(module, "_verified", False):
+        verify(module)
+        object.__setattr__(module, "_verified", True)
+    return module
+
+
+def lower(module: Module) -> tuple[str, dict[str, Plan]]:
+    """The LLVM IR text (before optimization) and the buffer plans of a verified module."""
+    plans = plan_module(module)
+    llmod = ir.Module(name=module.name)
+    llmod.triple = jit.host()[0]
+    llmod.data_layout = jit.data_layout()
+    emit_module(module, plans, llmod)
+    return str(llmod), plans
+
+
+def emit_llvm(module: Module) -> str:
+    """The optimized LLVM IR text of the whole module, as the CPU target compiles it."""
+    text, _ = lower(_checked(module))
+    return str(jit.optimize(text))
+
+
+def cache_key(module: Module) -> str:
+    """What identifies compiled code: the module text, the target and the code generator."""
+    h = hashlib.sha256(str(module).encode())
+    h.update(f"{jit.fingerprint()}:{parallel.THREADS}".encode())
+    return h.hexdigest()[:40]
+
+
+def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFAULT) -> Executable:
+    """Compile a verified module of plain functions for this CPU.
+
+    Compiled code is cached in memory and under `cache_dir` (default ~/.cache/eqsat; None
+    turns the disk cache off), keyed by the module text, target and code generator.
+    """
+    module = _checked(module)
+    directory = jit.default_cache_dir() if cache_dir is _DEFAULT else (
+        Path(cache_dir) if cache_dir is not None else None)
+    key = cache_key(module)
+    plans = plan_module(module)
+    with _lock:
+        code = _memory.get(key)
+        if code is None:
+            obj = jit.cache_load(directory, key)
+            if obj is None:
+                text, _ = lower(module)
+                obj = jit.compile_object(text)
+                jit.cache_store(directory, key, obj)
+            code = _memory[key] = jit.Code(obj)
+    return Executable(module, code, plans, key)

@@ -1,0 +1,172 @@
+"""The CUDA target: an optimized module lowered to PTX (llvmlite's NVPTX back end), one kernel
+per statement, and a launch plan per function that the CUDA runtime replays.
+
+Calls are inlined, reshapes are views of their operand's buffer, and every other value gets a
+range of one device arena per function, reused once the value is dead (the CPU backend's
+first-fit `Arena`). `emit_ptx` shows the PTX with the launch plan as a comment at its top;
+`compile_module` loads it on the GPU and returns an executable called with numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import Error
+from ..ir.module import Function, Module, Stmt
+from ..ir.types import TensorType
+from ..ir.verifier import verify
+from . import nvptx_target as T
+from .entry import Arena
+from .nvptx_kernels import GpuKernel, GpuKernelBuilder, build_gpu_kernel
+
+
+@dataclass
+class Launch:
+    """One kernel launch: the kernel and the values it writes and reads, in parameter order."""
+
+    kernel: GpuKernel
+    values: tuple[str, ...]
+
+
+@dataclass
+class GpuPlan:
+    """Where each value of one (call-inlined) function lives and the launches that compute it.
+
+    `where[v]` is ("in", k) for the k-th parameter (copied into the arena at `param_at[k]`
+    unless the caller passes a device array) or ("arena", byte offset)."""
+
+    func: Function
+    launches: list[Launch] = field(default_factory=list)
+    where: dict[str, tuple[str, int]] = field(default_factory=dict)
+    param_at: list[int] = field(default_factory=list)
+    types: dict[str, TensorType] = field(default_factory=dict)
+    arena_bytes: int = 0
+
+
+@dataclass
+class PtxProgram:
+    """The PTX of a module and the launch plan of each of its functions."""
+
+    ptx: str
+    plans: dict[str, GpuPlan]
+    arch: str
+
+
+def _checked(module: Module) -> Module:
+    if module.grad_decls:
+        names = ", ".join("@" + d.name for d in module.grad_decls)
+        raise Error(f"the CUDA backend takes plain functions; expand the gradient declarations "
+                    f"({names}) with eqsat.differentiate first")
+    if not getattr(module, "_verified", False):
+        verify(module)
+        object.__setattr__(module, "_verified", True)
+    return module
+
+
+def inline_calls(module: Module, func: Function) -> Function:
+    """`func` with every call replaced by its callee's statements under fresh names."""
+    funcs = {f.name: f for f in module.functions}
+    body: list[Stmt] = []
+    counter = [0]
+
+    def expand(f: Function, rename: dict[str, str], prefix: str) -> list[str]:
+        for s in f.body:
+            if s.op != "call":
+                names = tuple(prefix + r for r in s.results)
+                rename.update(zip(s.results, names))
+                body.append(Stmt(names, s.op, tuple(rename[o] for o in s.operands), s.attrs,
+                                 s.types))
+                continue
+            callee = funcs[s.attr["callee"]]
+            counter[0] += 1
+            inner = {p.name: rename[o] for p, o in zip(callee.params, s.operands)}
+            results = expand(callee, inner, f"{prefix}{callee.name}{counter[0]}.")
+            rename.update(zip(s.results, results))
+        return [rename[r] for r in f.returns]
+
+    rename = {p.name: p.name for p in func.params}
+    returns = expand(func, rename, "")
+    return Function(func.name, func.params, func.result_types, tuple(body), tuple(returns))
+
+
+def plan_function(module: Module, func: Function, kb: GpuKernelBuilder) -> GpuPlan:
+    """Kernels for the live statements of `func` (calls inlined) and their buffers."""
+    flat = inline_calls(module, func)
+    types = flat.types()
+    needed = set(flat.returns)
+    live: list[Stmt] = []
+    for s in reversed(flat.body):
+        if any(r in needed for r in s.results):
+            live.append(s)
+            needed.update(s.operands)
+    live.reverse()
+    plan = GpuPlan(flat, types=types)
+    root = {p.name: p.name for p in flat.params}  # a reshape views its operand's buffer
+    for s in live:
+        for r in s.results:
+            root[r] = root[s.operands[0]] if s.op == "reshape" else r
+    last: dict[str, int] = {}
+    for pos, s in enumerate(live):
+        for o in s.operands:
+            last[root[o]] = pos
+    for r in flat.returns:
+        last[root[r]] = len(live)
+    arena = Arena()
+    for k, p in enumerate(flat.params):  # parameters stay for the whole call
+        plan.where[p.name] = ("in", k)
+        plan.param_at.append(arena.take(p.type.nbytes))
+    held: dict[str, tuple[int, int]] = {}
+    for pos, s in enumerate(live):
+        for r, t in zip(s.results, s.types):
+            if root[r] == r:
+                held[r] = (arena.take(t.nbytes), t.nbytes)
+                plan.where[r] = ("arena", held[r][0])
+        if s.op != "reshape" and s.type.size > 0:
+            kernel = build_gpu_kernel(kb, s, [types[o] for o in s.operands])
+            plan.launches.append(Launch(kernel, (*s.results, *s.operands)))
+        # Freed only after the results are placed, so no kernel writes over its own inputs.
+        for v in {root[o] for o in s.operands} | {root[r] for r in s.results}:
+            if v in held and last.get(v, pos) <= pos:
+                arena.give(*held.pop(v))
+    for v, r in root.items():
+        if v != r:
+            plan.where[v] = plan.where[r]
+    plan.arena_bytes = arena.top
+    return plan
+
+
+def describe(plans: dict[str, GpuPlan]) -> str:
+    """The launch plan as PTX comment lines: per function, each kernel's grid, block, values."""
+    lines = []
+    for name, plan in plans.items():
+        lines.append(f"// @{name}: {len(plan.launches)} launches, arena {plan.arena_bytes} bytes")
+        for ln in plan.launches:
+            k = ln.kernel
+            values = ", ".join("%" + v for v in ln.values)
+            lines.append(f"//   {k.name} grid={k.grid} block={k.block} ({values}): {k.what}")
+    return "\n".join(lines)
+
+
+def build(module: Module, arch: str = T.DEFAULT_ARCH) -> PtxProgram:
+    """Lower a module of plain functions to PTX and launch plans."""
+    module = _checked(module)
+    llmod = T.new_module(module.name, arch)
+    kb = GpuKernelBuilder(llmod)
+    plans = {f.name: plan_function(module, f, kb) for f in module.functions}
+    ptx = T.to_ptx(llmod, arch)
+    return PtxProgram(f"{describe(plans)}\n{ptx}", plans, arch)
+
+
+def emit_ptx(module: Module, arch: str = T.DEFAULT_ARCH) -> str:
+    """The PTX for the whole module (one kernel per statement), with each function's launch
+    plan as a comment at its top; assembles with `ptxas -arch=<arch>`."""
+    return build(module, arch).ptx
+
+
+def compile_module(module: Module, arch: str = T.DEFAULT_ARCH):  # -> CudaExecutable
+    """Compile for the GPU: returns an executable whose calls run there and return numpy
+    arrays. Raises eqsat.Error when cuda-bindings, the driver or a GPU is missing."""
+    from .cuda_runtime import CudaExecutable, require_gpu
+
+    require_gpu()
+    return CudaExecutable(module, build(module, arch))

@@ -1,0 +1,252 @@
+"""Running PTX on an NVIDIA GPU through CUDA's driver API (`cuda-bindings`, the optional
+`cuda` extra, imported only when used).
+
+`gpu_unavailable()` says why no GPU can be used (no package, no driver, no device) or None;
+`require_gpu()` turns that into an `eqsat.Error`. `CudaExecutable` loads a module's PTX once,
+keeps one device arena per function, and per call copies the inputs in (device arrays that
+expose `__cuda_array_interface__` are read in place), launches the planned kernels in order on
+the default stream, and copies the results back as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import Error
+from ..ir.interpreter import check_inputs
+from ..ir.module import Module
+from .cuda import GpuPlan, PtxProgram
+
+
+class CudaError(Error):
+    """The CUDA driver refused something (out of memory, a bad launch, an invalid PTX)."""
+
+
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        raise CudaError("the CUDA target needs the cuda-bindings package: "
+                        "pip install 'eqsat[cuda]'") from None
+    return driver
+
+
+def _check(result: Any, what: str) -> Any:
+    """The value(s) of a driver call's (err, value...) result; raises CudaError on failure."""
+    drv = _driver()
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != drv.CUresult.CUDA_SUCCESS:
+        try:
+            _, text = drv.cuGetErrorString(err)
+            text = text.decode() if isinstance(text, bytes) else str(text)
+        except Exception:  # the error string is a courtesy; the code alone must do
+            text = ""
+        raise CudaError(f"CUDA {what} failed: {getattr(err, 'name', err)} {text}".rstrip())
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.cache
+def gpu_unavailable() -> str | None:
+    """Why the GPU cannot be used (a sentence), or None when a device and driver are there."""
+    try:
+        drv = _driver()
+    except CudaError as e:
+        return str(e)
+    try:
+        # Without a driver library, cuInit raises instead of returning an error code.
+        result = drv.cuInit(0)
+    except Exception as e:  # noqa: BLE001  (any failure to load the driver means "no GPU")
+        return f"no NVIDIA driver: {type(e).__name__}: {e}"
+    try:
+        _check(result, "cuInit")
+        if _check(drv.cuDeviceGetCount(), "cuDeviceGetCount") < 1:
+            return "the NVIDIA driver reports no GPU"
+    except CudaError as e:
+        return str(e)
+    return None
+
+
+def gpu_available() -> bool:
+    """True when a GPU, its driver and cuda-bindings are all present."""
+    return gpu_unavailable() is None
+
+
+def require_gpu() -> None:
+    """Raise eqsat.Error (CudaError) saying what is missing unless a GPU can be used."""
+    reason = gpu_unavailable()
+    if reason is not None:
+        raise CudaError(f"cannot run on the GPU: {reason}")
+
+
+@functools.cache
+def _context() -> Any:
+    """The primary context of device 0, made current for this process."""
+    drv = _driver()
+    dev = _check(drv.cuDeviceGet(0), "cuDeviceGet")
+    ctx = _check(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    _check(drv.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    return ctx
+
+
+def synchronize() -> None:
+    """Wait for all launched work (timing helpers use it)."""
+    _check(_driver().cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+class DeviceBuffer:
+    """Device memory freed when the object goes away."""
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+        self.ptr = int(_check(_driver().cuMemAlloc(max(nbytes, 1)), "cuMemAlloc"))
+
+    def __del__(self) -> None:
+        try:
+            _driver().cuMemFree(self.ptr)
+        except Exception:  # noqa: BLE001  (interpreter shutdown: the driver may be gone)
+            pass
+
+
+def _device_pointer(a: Any, want: Any) -> int | None:
+    """The device address of a contiguous, 16-byte aligned device array of the wanted type."""
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:
+        return None
+    shape, typestr = tuple(cai["shape"]), cai["typestr"]
+    ptr = int(cai["data"][0])
+    strides = cai.get("strides")
+    contiguous = strides is None or tuple(strides) == tuple(
+        np.empty(shape, np.dtype(typestr)).strides)
+    if shape != want.shape or np.dtype(typestr) != want.dtype.np or not contiguous:
+        raise CudaError(f"a device array of shape {list(shape)} and dtype {np.dtype(typestr)} "
+                        f"was passed where {want} is expected (C-contiguous)")
+    return ptr if ptr % 16 == 0 else None
+
+
+class CudaExecutable:
+    """Compiled functions of a module on the GPU: `exe("f", *arrays)` or `exe.f(*arrays)`.
+
+    Returns fresh numpy arrays, one result as an array and several as a tuple, like the CPU
+    Executable. Calls are serialized (each function owns one device arena)."""
+
+    def __init__(self, module: Module, program: PtxProgram):
+        drv = _driver()
+        _context()
+        self.module = module
+        self.program = program
+        self.ptx = program.ptx
+        self._cumod = _check(drv.cuModuleLoadData(program.ptx.encode() + b"\0"),
+                             "cuModuleLoadData")
+        names = {ln.kernel.name for p in program.plans.values() for ln in p.launches}
+        self._fns = {n: _check(drv.cuModuleGetFunction(self._cumod, n.encode()),
+                               "cuModuleGetFunction") for n in sorted(names)}
+        self._arenas: dict[str, DeviceBuffer] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def functions(self) -> tuple[str, ...]:
+        """The names of the callable functions."""
+        return tuple(self.program.plans)
+
+    def _arena(self, name: str, plan: GpuPlan) -> int:
+        buf = self._arenas.get(name)
+        if buf is None:
+            buf = self._arenas[name] = DeviceBuffer(plan.arena_bytes)
+        return buf.ptr
+
+    def __call__(self, name: str, *arrays: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run function `name` on numpy arrays (or device arrays) and return numpy arrays."""
+        plan = self.program.plans.get(name)
+        if plan is None:
+            raise Error(f"the executable has no function @{name}; it has "
+                        f"{', '.join('@' + n for n in self.program.plans) or 'none'}")
+        with self._lock:
+            return self._run(name, plan, arrays)
+
+    def _run(self, name: str, plan: GpuPlan, arrays: tuple[Any, ...]
+             ) -> np.ndarray | tuple[np.ndarray, ...]:
+        drv = _driver()
+        base = self._arena(name, plan)
+        params = plan.func.params
+        if len(arrays) != len(params):
+            check_inputs(plan.func, arrays)  # raises, naming the signature
+        on_host = [k for k, a in enumerate(arrays) if not hasattr(a, "__cuda_array_interface__")]
+        checked = dict(zip(on_host, check_inputs(plan.func, tuple(arrays[k] for k in on_host),
+                                                 [params[k] for k in on_host])))
+        device = [_device_pointer(a, p.type) if k not in checked else None
+                  for k, (a, p) in enumerate(zip(arrays, params))]
+        param_ptr = []
+        for k, (a, d, p) in enumerate(zip(arrays, device, params)):
+            at = base + plan.param_at[k]
+            if d is not None:
+                param_ptr.append(d)
+            elif k not in checked:  # a misaligned device array: copy it on the device
+                src = int(a.__cuda_array_interface__["data"][0])
+                _check(drv.cuMemcpyDtoD(at, src, p.type.nbytes), "cuMemcpyDtoD")
+                param_ptr.append(at)
+            else:
+                host = np.ascontiguousarray(checked[k])
+                if host.nbytes:
+                    _check(drv.cuMemcpyHtoD(at, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+                param_ptr.append(at)
+
+        def pointer(v: str) -> int:
+            kind, k = plan.where[v]
+            return param_ptr[k] if kind == "in" else base + k
+
+        self._launch(plan, pointer)
+        outputs = []
+        for v, t in zip(plan.func.returns, plan.func.result_types):
+            host = np.empty(t.shape, t.dtype.np)
+            if host.nbytes:
+                _check(drv.cuMemcpyDtoH(host.ctypes.data, pointer(v), host.nbytes),
+                       "cuMemcpyDtoH")
+            outputs.append(host)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    def _launch(self, plan: GpuPlan, pointer: Callable[[str], int]) -> None:
+        drv = _driver()
+        for ln in plan.launches:
+            k = ln.kernel
+            ptrs = tuple(pointer(v) for v in ln.values)
+            args = (ptrs, (ctypes.c_void_p,) * len(ptrs))
+            _check(drv.cuLaunchKernel(self._fns[k.name], *k.grid, *k.block, 0, 0, args, 0),
+                   f"launch of {k.name}")
+
+    def time_launches(self, name: str, *arrays: Any, repeat: int = 20) -> float:
+        """Seconds one call's kernels take on the GPU (inputs uploaded once, results not
+        copied back): the median of `repeat` timed runs after a warm-up call."""
+        self(name, *arrays)  # uploads the inputs into the arena; compiles lazily in the driver
+        plan = self.program.plans[name]
+        base = self._arena(name, plan)
+
+        def pointer(v: str) -> int:
+            kind, k = plan.where[v]
+            return base + (plan.param_at[k] if kind == "in" else k)
+
+        times = []
+        with self._lock:
+            for _ in range(repeat):
+                synchronize()
+                t0 = time.perf_counter()
+                self._launch(plan, pointer)
+                synchronize()
+                times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
+    def __getattr__(self, name: str) -> Callable[..., np.ndarray | tuple[np.ndarray, ...]]:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in self.program.plans:
+            raise AttributeError(f"the executable has no function @{name}")
+        return lambda *arrays: self(name, *arrays)
+
+    def __repr__(self) -> str:
+        return f"<eqsat.CudaExecutable @{self.module.name}: {', '.join(self.functions)}>"

@@ -1,0 +1,118 @@
+"""Kernels for the fused and layout ops optimization makes (`eqsat.ir.fused`): a `map` is one
+loop evaluating its scalar body, a `map_reduce` a reduction of its body, `matmul_t` a matmul
+reading transposed operands in place, `matmul_epi` a matmul rewriting each row of its product
+with its body while the row is in cache."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from llvmlite import ir
+
+from ..ir import fused
+from ..ir.module import Stmt
+from ..ir.ops import OPS
+from ..ir.scalar_expr import body_args, fold
+from ..ir.types import DType, TensorType
+from .llvm_kernels import (KERNELS, Kernel, KernelBuilder, _load, _store, broadcast_strides,
+                           matmul_kernel, outer_blocks, reduce_kernel)
+from .loops import collapse, for_range, i64, nest, row_major_strides
+from .scalar import const, emit_scalar, llvm_type
+
+Typed = tuple[ir.Value, DType]
+
+
+def emit_body(b: ir.IRBuilder, body: Any, args: Sequence[Typed | None],
+              expected: DType | None) -> ir.Value:
+    """The scalar code of a body over typed values (`None` for inputs the body never reads)."""
+
+    def lit(node: Any, d: DType) -> Typed:
+        value = float(node.value) if d.is_float else int(node.value)
+        return const(llvm_type(d), value), d
+
+    def app(node: Any, values: list[Typed]) -> Typed:
+        dtypes = [d for _, d in values]
+        out = OPS[node.op].infer([TensorType(d, ()) for d in dtypes], {}, None).dtype
+        return emit_scalar(b, node.op, [v for v, _ in values], dtypes[-1], out), out
+
+    return fold(body, list(args), lambda v: v[1], lit, app, expected)[0]
+
+
+def _loads(b: ir.IRBuilder, used: set[int] | frozenset[int], ptrs: Sequence[ir.Value],
+           offs: Sequence[ir.Value], ins: Sequence[TensorType]) -> list[Typed | None]:
+    return [(_load(b, p, o), t.dtype) if i in used else None
+            for i, (p, o, t) in enumerate(zip(ptrs, offs, ins))]
+
+
+def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """One loop nest over the result; each input read through its broadcast strides."""
+    out, body = s.type, s.attr["body"]
+    strides = [broadcast_strides(t.shape, out.shape) for t in ins]
+    dims = collapse(out.shape, [row_major_strides(out.shape), *strides])
+    fn, b, lo, hi, (o,), ptrs = kb.function("map", [out.dtype], [t.dtype for t in ins])
+
+    def element(offs: list[ir.Value]) -> None:
+        value = emit_body(b, body, _loads(b, body_args(body), ptrs, offs[1:], ins), out.dtype)
+        _store(b, value, o, offs[0])
+
+    nest(b, dims, [0] * (1 + len(ins)), element, outer=(lo, hi))
+    b.ret_void()
+    work = out.nbytes + sum(t.nbytes for t in ins) + out.size * (1 + len(str(body)) // 8)
+    return Kernel(fn, dims[0][0], work,
+                  outer_blocks(dims[0][0], dims[0][1], [out.size, *(t.size for t in ins)]))
+
+
+def map_reduce(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """A reduction whose elements are the body over the broadcast inputs."""
+    body = s.attr["body"]
+    domain = fused.domain(ins)
+    strides = [broadcast_strides(t.shape, domain) for t in ins]
+
+    def element(b: ir.IRBuilder, ptrs: list[ir.Value], offs: list[ir.Value]) -> ir.Value:
+        return emit_body(b, body, _loads(b, body_args(body), ptrs, offs, ins), None)
+
+    return reduce_kernel(kb, "map_reduce", s.attr["reduce"], domain, set(s.attr["axes"]),
+                         s.type, ins, strides, element)
+
+
+def matmul_t(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """op(a) @ op(b) with the transposes read in place."""
+    return matmul_kernel(kb, "matmul_t", s.type, ins, bool(s.attr["ta"]), bool(s.attr["tb"]))
+
+
+def matmul_epi(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """matmul_t, then the body over each finished row: $0 the product, $1.. the extra
+    operands broadcast to the product's shape."""
+    out, body = s.type, s.attr["body"]
+    extras = list(ins[2:])
+    n = out.shape[-1]
+    lead = out.shape[:-1]
+    strides = [broadcast_strides(t.shape, out.shape) for t in extras]
+    used = {i - 1 for i in body_args(body) if i > 0}  # the extras the body reads
+
+    def epilogue(b: ir.IRBuilder, ptrs: list[ir.Value], c: ir.Value, r: ir.Value) -> None:
+        # The extras' offsets of row r: r's index along each leading axis times their strides.
+        bases = []
+        for st in strides:
+            base, inner = i64(0), 1
+            for d in reversed(range(len(lead))):
+                if st[d] and lead[d] > 1:
+                    idx = b.urem(b.udiv(r, i64(inner)), i64(lead[d]))
+                    base = b.add(base, b.mul(idx, i64(st[d])))
+                inner *= lead[d]
+            bases.append(base)
+        crow = b.mul(r, i64(n))
+        with for_range(b, 0, n, name="e") as j:
+            offs = [b.add(base, b.mul(j, i64(st[-1]))) for base, st in zip(bases, strides)]
+            args = [(_load(b, c, b.add(crow, j)), out.dtype)]
+            args += _loads(b, used, ptrs, offs, extras)
+            _store(b, emit_body(b, body, args, out.dtype), c, b.add(crow, j))
+
+    return matmul_kernel(kb, "matmul_epi", out, ins, bool(s.attr["ta"]), bool(s.attr["tb"]),
+                         epilogue if math.prod(out.shape) else None)
+
+
+KERNELS.update({"map": map_, "map_reduce": map_reduce, "matmul_t": matmul_t,
+                "matmul_epi": matmul_epi})

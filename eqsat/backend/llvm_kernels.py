@@ -1,0 +1,405 @@
+"""Loop kernels for the ops of an optimized module, one LLVM function per statement.
+
+Every kernel has the signature `void k(i64 lo, i64 hi, T* out..., T* in...)`: it computes the
+part [lo, hi) of its outermost loop (`Kernel.extent` long), so the entry function can split the
+work over threads. `KERNELS` maps an op family to its builder; `build_kernel` is the one
+dispatcher and names the op it cannot lower.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from ..ir.module import Stmt
+from ..ir.ops import OPS
+from ..ir.types import DType, TensorType
+from . import blas
+from .loops import collapse, for_range, i64, nest, row_major_strides
+from .scalar import I8, I32, I64, LoweringError, const, emit_scalar, intrinsic, llvm_type
+
+# Products with at least this many multiply-adds go to the host BLAS; smaller ones are loops
+# (a BLAS call costs about a microsecond before it does any work).
+BLAS_MIN_FLOPS = 64 * 64 * 64
+
+
+@dataclass
+class Kernel:
+    """A built kernel: its function, the length of its splittable outer loop, and its work."""
+
+    fn: ir.Function
+    extent: int
+    work: int  # bytes touched plus arithmetic operations: decides whether threads pay
+    # Per pointer (outputs, then inputs): iteration r of the outer loop touches exactly the
+    # elements [r*block, (r+1)*block) of it, or None where it does not (a broadcast read, a
+    # transpose). None for the whole tuple: unknown. Lets the entry run kernels row-chunked.
+    blocks: tuple[int | None, ...] | None = None
+
+
+def outer_blocks(extent: int, strides: Sequence[int], sizes: Sequence[int]
+                 ) -> tuple[int | None, ...]:
+    """`Kernel.blocks` of a row-major loop nest whose outer loop (of `extent`) advances each
+    pointer by `strides` elements, over arrays of `sizes` elements: a stride that tiles the whole
+    array is a block (inner loops of row-major strides stay inside it)."""
+    return tuple(s if s > 0 and s * extent == n else None for s, n in zip(strides, sizes))
+
+
+class KernelBuilder:
+    """Creates kernel functions in one LLVM module under unique names."""
+
+    def __init__(self, module: ir.Module):
+        self.module = module
+        self.count = 0
+
+    def function(self, name: str, outs: Sequence[DType], ins: Sequence[DType]
+                 ) -> tuple[ir.Function, ir.IRBuilder, ir.Value, ir.Value, list[ir.Value],
+                            list[ir.Value]]:
+        """A new internal kernel; returns it, a builder in its body, lo, hi, outs and ins."""
+        self.count += 1
+        ptrs = [llvm_type(d).as_pointer() for d in (*outs, *ins)]
+        fnty = ir.FunctionType(ir.VoidType(), [I64, I64, *ptrs])
+        fn = ir.Function(self.module, fnty, f"k{self.count}.{name}")
+        fn.linkage = "internal"
+        fn.attributes.add("nounwind")
+        for a in fn.args[2:]:
+            # The arena planner never lets a kernel's output share memory with its inputs.
+            a.add_attribute("noalias")
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        lo, hi, *rest = fn.args
+        return fn, b, lo, hi, list(rest[: len(outs)]), list(rest[len(outs):])
+
+
+Builder = Callable[[KernelBuilder, Stmt, Sequence[TensorType]], Kernel]
+
+
+def _load(b: ir.IRBuilder, ptr: ir.Value, off: ir.Value) -> ir.Value:
+    return b.load(b.gep(ptr, [off], inbounds=True))
+
+
+def _store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, off: ir.Value) -> None:
+    b.store(value, b.gep(ptr, [off], inbounds=True))
+
+
+# ---------------------------------------------------------------- elementwise and const
+
+
+def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """One flat loop: every operand has the result's shape (the IR inserts broadcasts)."""
+    out = s.type
+    dtype = ins[-1].dtype  # select's branches, the other ops' operands
+    fn, b, lo, hi, (o,), ptrs = kb.function(s.op, [out.dtype], [t.dtype for t in ins])
+    with for_range(b, lo, hi) as i:
+        args = [_load(b, p, i) for p in ptrs]
+        _store(b, emit_scalar(b, s.op, args, dtype, out.dtype), o, i)
+    b.ret_void()
+    return Kernel(fn, out.size, out.nbytes + sum(t.nbytes for t in ins) + out.size,
+                  (1,) * (1 + len(ins)))
+
+
+def constant(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """Fill the result with the literal."""
+    out = s.type
+    value = s.attr["value"]
+    fn, b, lo, hi, (o,), _ = kb.function("const", [out.dtype], [])
+    c = const(llvm_type(out.dtype), int(value) if not out.dtype.is_float else float(value))
+    with for_range(b, lo, hi) as i:
+        _store(b, c, o, i)
+    b.ret_void()
+    return Kernel(fn, out.size, out.nbytes, (1,))
+
+
+# ---------------------------------------------------------------- data movement
+
+
+def _copy_kernel(kb: KernelBuilder, name: str, out: TensorType,
+                 pieces: Sequence[tuple[TensorType, list[int], int, list[int], int]],
+                 src_size: int = 0) -> Kernel:
+    """Strided copies: each piece is (shape, out strides, out offset, in strides, in offset);
+    `src_size` is the element count of a single piece's source."""
+    fn, b, lo, hi, (o,), ptrs = kb.function(name, [out.dtype], [out.dtype] * len(pieces))
+    extent, blocks = 1, None
+    for k, (shape, ostr, ooff, istr, ioff) in enumerate(pieces):
+        dims = collapse(shape.shape, [ostr, istr])
+        p = ptrs[k]
+
+        def body(offs: list[ir.Value], p: ir.Value = p) -> None:
+            _store(b, _load(b, p, offs[1]), o, offs[0])
+
+        if len(pieces) == 1:
+            extent = dims[0][0]
+            if ooff == 0 and ioff == 0:
+                blocks = outer_blocks(extent, dims[0][1], [out.size, src_size])
+            nest(b, dims, [ooff, ioff], body, outer=(lo, hi))
+        else:
+            nest(b, dims, [ooff, ioff], body)
+    b.ret_void()
+    return Kernel(fn, extent, 2 * out.nbytes, blocks)
+
+
+def broadcast_strides(shape: Sequence[int], to: Sequence[int]) -> list[int]:
+    """Element strides that read a row-major array of `shape` as broadcast to `to` (numpy's
+    right-aligned rule): 0 on the axes it is repeated along."""
+    xs = row_major_strides(shape)
+    lead = len(to) - len(shape)
+    return [0 if d < lead or shape[d - lead] == 1 else xs[d - lead] for d in range(len(to))]
+
+
+def broadcast(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """Read each output element from the input through strides that are 0 on broadcast axes."""
+    out = s.type
+    istr = broadcast_strides(ins[0].shape, out.shape)
+    return _copy_kernel(kb, "broadcast", out, [(out, row_major_strides(out.shape), 0, istr, 0)],
+                        ins[0].size)
+
+
+def transpose(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """Output axis j reads input axis perm[j]."""
+    xs = row_major_strides(ins[0].shape)
+    istr = [xs[p] for p in s.attr["perm"]]
+    out = s.type
+    return _copy_kernel(kb, "transpose", out, [(out, row_major_strides(out.shape), 0, istr, 0)],
+                        ins[0].size)
+
+
+def slice_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """A window of the input: its strides, shifted by the start offset."""
+    xs = row_major_strides(ins[0].shape)
+    start = sum(a * st for a, st in zip(s.attr["start"], xs))
+    out = s.type
+    return _copy_kernel(kb, "slice", out, [(out, row_major_strides(out.shape), 0, xs, start)],
+                        ins[0].size)
+
+
+def concat(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """Each operand copied into its window of the result."""
+    out, axis = s.type, s.attr["axis"]
+    os_ = row_major_strides(out.shape)
+    pieces, at = [], 0
+    for t in ins:
+        pieces.append((t, os_, at * os_[axis], row_major_strides(t.shape), 0))
+        at += t.shape[axis]
+    return _copy_kernel(kb, "concat", out, pieces)
+
+
+# ---------------------------------------------------------------- reductions
+
+_FLOAT_COMBINE = {"sum": lambda b, a, x: b.fadd(a, x, flags=("reassoc", "nsz")),
+                  "max": lambda b, a, x: intrinsic(b, "maximum", a, x),
+                  "min": lambda b, a, x: intrinsic(b, "minimum", a, x)}
+_INT_COMBINE = {"sum": lambda b, a, x: b.add(a, x),
+                "max": lambda b, a, x: intrinsic(b, "smax", a, x),
+                "min": lambda b, a, x: intrinsic(b, "smin", a, x)}
+_BOOL_COMBINE = {"max": lambda b, a, x: intrinsic(b, "umax", a, x),
+                 "min": lambda b, a, x: intrinsic(b, "umin", a, x)}
+
+
+def _identity(op: str, dtype: DType) -> ir.Constant:
+    ty = llvm_type(dtype)
+    if op == "sum":
+        return const(ty, 0.0 if dtype.is_float else 0)
+    if dtype.is_float:
+        return const(ty, -math.inf if op == "max" else math.inf)
+    if dtype is DType.bool:
+        return const(I8, 0 if op == "max" else 1)
+    bits = ty.width
+    return const(ty, -(2 ** (bits - 1)) if op == "max" else 2 ** (bits - 1) - 1)
+
+
+Element = Callable[[ir.IRBuilder, list[ir.Value], list[ir.Value]], ir.Value]
+
+
+def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], axes: set[int],
+                  out: TensorType, ins: Sequence[TensorType], in_strides: Sequence[list[int]],
+                  element: Element) -> Kernel:
+    """`op` over `axes` of `element(builder, input pointers, offsets)` on the `domain` index
+    space. The domain is walked in row-major order with output stride 0 on reduced axes: an
+    innermost reduced axis keeps a register accumulator (vectorized, reassociating float sums),
+    an innermost kept axis updates a row of the output (vectorized across it)."""
+    kept_strides = iter(row_major_strides(out.shape))
+    ostr = [0 if d in axes else next(kept_strides) for d in range(len(domain))]
+    dims = collapse(domain, [ostr, *in_strides])
+    dtype = out.dtype
+    combine = (_FLOAT_COMBINE if dtype.is_float else
+               _BOOL_COMBINE if dtype is DType.bool else _INT_COMBINE)[op]
+    fn, b, lo, hi, (o,), ptrs = kb.function(name, [dtype], [t.dtype for t in ins])
+    ident = _identity(op, dtype)
+    size = math.prod(domain)
+    # Threads may split the outermost loop when it is a kept axis with loops inside it.
+    split = len(dims) > 1 and dims[0][1][0] != 0 and size > 0
+    if split:
+        row = i64(dims[0][1][0])
+        init_lo, init_hi = b.mul(lo, row), b.mul(hi, row)
+    else:
+        init_lo, init_hi = i64(0), i64(out.size)
+    with for_range(b, init_lo, init_hi, name="init") as i:
+        _store(b, ident, o, i)
+    n_inner, (so, *sis) = dims[-1]
+    with b.goto_entry_block():
+        acc_slot = b.alloca(llvm_type(dtype), name="acc")
+
+    def value_at(offs: list[ir.Value], j: ir.Value) -> ir.Value:
+        return element(b, ptrs, [b.add(off, b.mul(j, i64(si))) for off, si in zip(offs, sis)])
+
+    def inner(offs: list[ir.Value]) -> None:
+        if so == 0:
+            # A stack slot that SROA turns into a register: the loop-carried accumulator.
+            acc_ptr = b.gep(o, [offs[0]], inbounds=True)
+            b.store(b.load(acc_ptr), acc_slot)
+            with for_range(b, 0, n_inner, name="r") as j:
+                b.store(combine(b, b.load(acc_slot), value_at(offs[1:], j)), acc_slot)
+            b.store(b.load(acc_slot), acc_ptr)
+        else:
+            with for_range(b, 0, n_inner, name="r") as j:
+                oo = b.add(offs[0], b.mul(j, i64(so)))
+                _store(b, combine(b, _load(b, o, oo), value_at(offs[1:], j)), o, oo)
+
+    zeros = [0] * (1 + len(ins))
+    if len(dims) == 1:
+        inner([i64(0)] * len(zeros))
+    else:
+        nest(b, dims, zeros, inner, outer=(lo, hi) if split else None, depth=len(dims) - 1)
+    b.ret_void()
+    work = sum(t.nbytes for t in ins) + out.nbytes + size
+    if not split:
+        return Kernel(fn, 1, work)
+    return Kernel(fn, dims[0][0], work,
+                  outer_blocks(dims[0][0], dims[0][1], [out.size, *(t.size for t in ins)]))
+
+
+def reduce(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """sum / max / min over axes."""
+    x = ins[0]
+    return reduce_kernel(kb, s.op, s.op, x.shape, set(s.attr["axes"]), s.type, [x],
+                         [row_major_strides(x.shape)],
+                         lambda b, ptrs, offs: _load(b, ptrs[0], offs[0]))
+
+
+# ---------------------------------------------------------------- matmul
+
+# An epilogue: given the builder, the extra operands' pointers, the output pointer, the flat
+# index of a row of the product and its length, rewrite that row in place.
+Epilogue = Callable[[ir.IRBuilder, list[ir.Value], ir.Value, ir.Value], None]
+
+
+def _operand_strides(t: TensorType, transposed: bool) -> tuple[int, int]:
+    """Element strides of op(x)'s last two axes (rows, columns) in x's row-major storage."""
+    r, c = t.shape[-1], 1
+    return (c, r) if transposed else (r, c)
+
+
+def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
+                 ta: bool, tb: bool, epilogue: Epilogue | None) -> Kernel:
+    """op(A) @ op(B) per batch through the host's Fortran gemm. Row-major C is column-major
+    C^T = op(B)^T op(A)^T: gemm with B first, and each operand's storage read as its own
+    transpose."""
+    a, bt = ins[0], ins[1]
+    m, n = out.shape[-2], out.shape[-1]
+    k = a.shape[-2] if ta else a.shape[-1]
+    batch = math.prod(out.shape[:-2])
+    gemm = blas.declare_gemm(kb.module, out.dtype)
+    fn, b, lo, hi, (c,), ptrs = kb.function(name, [out.dtype], [t.dtype for t in ins])
+    pa, pb = ptrs[0], ptrs[1]
+    ety = llvm_type(out.dtype)
+
+    def slot(ty: ir.Type, value: int | float) -> ir.Value:
+        ptr = b.alloca(ty)
+        b.store(const(ty, value), ptr)
+        return ptr
+
+    trans_b, trans_a = slot(I8, ord("T" if tb else "N")), slot(I8, ord("T" if ta else "N"))
+    mm, nn, kk = slot(I32, n), slot(I32, m), slot(I32, k)
+    ldb, lda, ldc = slot(I32, k if tb else n), slot(I32, m if ta else k), slot(I32, n)
+    alpha, beta = slot(ety, 1.0), slot(ety, 0.0)
+    with for_range(b, lo, hi, name="batch") as t:
+        pa_t = b.gep(pa, [b.mul(t, i64(m * k))], inbounds=True)
+        pb_t = b.gep(pb, [b.mul(t, i64(k * n))], inbounds=True)
+        pc_t = b.gep(c, [b.mul(t, i64(m * n))], inbounds=True)
+        b.call(gemm, [trans_b, trans_a, mm, nn, kk, alpha, pb_t, ldb, pa_t, lda, beta, pc_t, ldc])
+        if epilogue is not None:
+            with for_range(b, 0, m, name="erow") as i:
+                epilogue(b, ptrs[2:], c, b.add(b.mul(t, i64(m)), i))
+    b.ret_void()
+    return Kernel(fn, batch, 1)  # OpenBLAS threads on its own
+
+
+def _loop_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
+                 ta: bool, tb: bool, epilogue: Epilogue | None) -> Kernel:
+    """Rows of C in [lo, hi): C[r, :] = sum_p A[r, p] * B[p, :], vectorized along the row."""
+    a, bt = ins[0], ins[1]
+    m, n = out.shape[-2], out.shape[-1]
+    k = a.shape[-2] if ta else a.shape[-1]
+    rows = math.prod(out.shape[:-1])
+    (sa_i, sa_p), (sb_p, sb_j) = _operand_strides(a, ta), _operand_strides(bt, tb)
+    fn, b, lo, hi, (c,), ptrs = kb.function(name, [out.dtype], [t.dtype for t in ins])
+    pa, pb = ptrs[0], ptrs[1]
+    is_float = out.dtype.is_float
+    zero = const(llvm_type(out.dtype), 0.0 if is_float else 0)
+    with for_range(b, lo, hi, name="row") as r:
+        crow = b.mul(r, i64(n))
+        batch = b.udiv(r, i64(m))
+        arow = b.add(b.mul(batch, i64(m * k)), b.mul(b.urem(r, i64(m)), i64(sa_i)))
+        bmat = b.mul(batch, i64(k * n))
+        with for_range(b, 0, n, name="z") as j:
+            _store(b, zero, c, b.add(crow, j))
+        with for_range(b, 0, k, name="p") as q:
+            av = _load(b, pa, b.add(arow, b.mul(q, i64(sa_p))))
+            brow = b.add(bmat, b.mul(q, i64(sb_p)))
+            with for_range(b, 0, n, name="j") as j:
+                co = b.add(crow, j)
+                bv = _load(b, pb, b.add(brow, b.mul(j, i64(sb_j))))
+                prod = b.fmul(av, bv, flags=("contract",)) if is_float else b.mul(av, bv)
+                acc = _load(b, c, co)
+                _store(b, b.fadd(acc, prod, flags=("contract",)) if is_float else b.add(acc, prod),
+                       c, co)
+        if epilogue is not None:
+            epilogue(b, ptrs[2:], c, r)
+    b.ret_void()
+    return Kernel(fn, rows, 2 * rows * n * k + out.nbytes)
+
+
+def matmul_kernel(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
+                  ta: bool = False, tb: bool = False, epilogue: Epilogue | None = None) -> Kernel:
+    """op(A) @ op(B) (then an epilogue per row): BLAS for float products large enough to pay,
+    generated loops otherwise."""
+    m, n = out.shape[-2], out.shape[-1]
+    k = ins[0].shape[-2] if ta else ins[0].shape[-1]
+    if out.dtype.is_float and m * n * k >= BLAS_MIN_FLOPS and blas.available():
+        return _blas_matmul(kb, name, out, ins, ta, tb, epilogue)
+    return _loop_matmul(kb, name, out, ins, ta, tb, epilogue)
+
+
+def matmul(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """np.matmul with equal batch dimensions."""
+    return matmul_kernel(kb, "matmul", s.type, ins)
+
+
+# ---------------------------------------------------------------- the dispatcher
+
+# By op name first (fused ops share families), then by family.
+KERNELS: dict[str, Builder] = {
+    "unary": elementwise,
+    "binary": elementwise,
+    "compare": elementwise,
+    "select": elementwise,
+    "cast": elementwise,
+    "const": constant,
+    "broadcast": broadcast,
+    "transpose": transpose,
+    "slice": slice_,
+    "concat": concat,
+    "reduce": reduce,
+    "matmul": matmul,
+}
+
+
+def build_kernel(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """The kernel computing statement `s` from operands of types `ins`."""
+    op = OPS.get(s.op)
+    builder = KERNELS.get(s.op) or (KERNELS.get(op.family) if op is not None else None)
+    if builder is None:
+        raise LoweringError(f"the CPU backend cannot lower op {s.op!r} "
+                            f"(%{', %'.join(s.results)} = {s.op} ...: no kernel for it)")
+    return builder(kb, s, ins)

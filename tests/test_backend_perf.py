@@ -1,0 +1,157 @@
+"""Correctness of the CPU backend's performance machinery against the interpreter: row-chunked
+kernel groups (chunks.py), the arena rules they rely on, and threads over odd sizes. No timing
+assertions: the benchmarks in bench/ measure speed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import eqsat
+from eqsat.backend import chunks, compile_module, cpu, parallel
+from eqsat.backend.cpu import lower
+from eqsat.ir import parse
+
+SETTINGS = settings(max_examples=15, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """Compile without the caches; `threads(n, min_work)` sets the thread split."""
+    monkeypatch.setattr(cpu, "_memory", {})
+
+    def threads(n: int, min_work: int) -> None:
+        monkeypatch.setattr(parallel, "THREADS", n)
+        monkeypatch.setattr(parallel, "PARALLEL_MIN_WORK", min_work)
+    return threads
+
+
+def softmax_text(r: int, c: int, dtype: str = "f32") -> str:
+    t, red, kd = f"{dtype}[{r},{c}]", f"{dtype}[{r}]", f"{dtype}[{r},1]"
+    return f"""module @m
+func @f(%x: {t}) -> {t} {{
+  %m = map_reduce %x, body=$0, reduce=max, axes=[1] : {red}
+  %m1 = reshape %m : {kd}
+  %s = map_reduce %x, %m1, body=exp(sub($0, $1)), reduce=sum, axes=[1] : {red}
+  %r = map %s, body=recip($0) : {red}
+  %r1 = reshape %r : {kd}
+  %y = map %x, %m1, %r1, body=mul(exp(sub($0, $1)), $2) : {t}
+  return %y
+}}
+"""
+
+
+def layernorm_core_text(r: int, c: int) -> str:
+    t, kd = f"f64[{r},{c}]", f"f64[{r},1]"
+    return f"""module @m
+func @f(%x: {t}, %g: f64[{c}]) -> ({t}, f64[{r}]) {{
+  %s = sum %x, axes=[1] : f64[{r}]
+  %s1 = reshape %s : {kd}
+  %n = const {float(c)} : {kd}
+  %mu = div %s1, %n : {kd}
+  %mub = broadcast %mu : {t}
+  %d = sub %x, %mub : {t}
+  %d2 = mul %d, %d : {t}
+  %v = sum %d2, axes=[1] : f64[{r}]
+  %v1 = reshape %v : {kd}
+  %ve = div %v1, %n : {kd}
+  %rs = rsqrt %ve : {kd}
+  %rb = broadcast %rs : {t}
+  %y0 = mul %d, %rb : {t}
+  %gb = broadcast %g : {t}
+  %y = mul %y0, %gb : {t}
+  return %y, %v
+}}
+"""
+
+
+def check(text: str, *args: np.ndarray, rtol: float = 1e-5) -> str:
+    """Compile, compare every result with the interpreter, return the unoptimized LLVM IR."""
+    m = parse(text)
+    got = compile_module(m, cache_dir=None)("f", *args)
+    want = eqsat.interpret(m, "f", *args)
+    got = got if isinstance(got, tuple) else (got,)
+    want = want if isinstance(want, tuple) else (want,)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6)
+    return lower(m)[0]
+
+
+def test_row_kernels_run_as_one_chunked_group(fresh) -> None:
+    fresh(1, 1 << 22)
+    x = np.random.default_rng(0).standard_normal((300, 77)).astype(np.float32)
+    text = check(softmax_text(300, 77), x)
+    entry = text.split('define void @"eqsat.fn.f"')[1].split("\n}\n")[0]
+    assert entry.count("chunked") == 1 and "map_reduce" not in entry
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_chunked_groups_split_over_threads_with_odd_sizes(fresh, threads: int) -> None:
+    fresh(threads, 0)  # every kernel threaded, however small
+    rng = np.random.default_rng(threads)
+    for r, c in [(1, 1), (2, 3), (17, 1), (1, 513), (129, 1031)]:
+        x = rng.standard_normal((r, c)).astype(np.float32) * 10
+        check(softmax_text(r, c), x)
+
+
+def test_core_ops_of_different_extents_group_together(fresh) -> None:
+    fresh(2, 0)
+    rng = np.random.default_rng(1)
+    x, g = rng.standard_normal((67, 45)), rng.standard_normal(45)
+    text = check(layernorm_core_text(67, 45), x, g, rtol=1e-9)
+    assert "chunked" in text  # broadcasts (67 rows) and elementwise ops (67*45) in one group
+
+
+def test_unaligned_consumers_are_not_chunked(fresh) -> None:
+    """A transpose reads every row of its operand, a slice starts mid-buffer: neither may run
+    inside a group with its producer."""
+    fresh(2, 0)
+    text = """module @m
+func @f(%x: f32[40,40]) -> f32[40,40] {
+  %e = exp %x : f32[40,40]
+  %t = transpose %e, perm=[1,0] : f32[40,40]
+  %u = add %t, %x : f32[40,40]
+  %s = slice %u, start=[1,0], stop=[40,40] : f32[39,40]
+  %z = const 0.0 : f32[1,40]
+  %c = concat %z, %s, axis=0 : f32[40,40]
+  %y = mul %c, %u : f32[40,40]
+  return %y
+}
+"""
+    x = np.random.default_rng(2).standard_normal((40, 40)).astype(np.float32)
+    check(text, x)
+
+
+def test_arena_reuse_inside_a_run_of_kernels(fresh) -> None:
+    """Large intermediates reuse dead buffers; kernels sharing memory must not be chunked
+    together (a later kernel would overwrite rows an earlier one has yet to read)."""
+    fresh(2, 0)
+    n = 300  # 300x300 f64 = 720 kB, above entry.KEEP_SMALL
+    lines = ["%a = exp %x", "%b = sin %a", "%c = cos %b", "%d = add %c, %a",
+             "%e = mul %d, %b", "%f = sub %e, %c"]
+    body = "".join(f"  {s} : f64[{n},{n}]\n" for s in lines)
+    text = f"module @m\nfunc @f(%x: f64[{n},{n}]) -> f64[{n},{n}] {{\n{body}  return %f\n}}\n"
+    x = np.random.default_rng(3).standard_normal((n, n))
+    check(text, x, rtol=1e-9)
+
+
+def test_chunk_smaller_than_a_row(fresh, monkeypatch) -> None:
+    fresh(2, 0)
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", 1)  # one row per chunk
+    x = np.random.default_rng(4).standard_normal((33, 70)).astype(np.float32)
+    check(softmax_text(33, 70), x)
+
+
+@SETTINGS
+@given(r=st.integers(1, 90), c=st.integers(1, 90), threads=st.integers(1, 3),
+       chunk=st.sampled_from([1, 256, 1 << 17]))
+def test_random_row_shapes(fresh, monkeypatch, r: int, c: int, threads: int, chunk: int) -> None:
+    fresh(threads, 0)
+    monkeypatch.setattr(cpu, "_memory", {})
+    monkeypatch.setattr(chunks, "CHUNK_BYTES", chunk)
+    rng = np.random.default_rng(r * 100 + c)
+    check(layernorm_core_text(r, c), rng.standard_normal((r, c)) + 3, rng.standard_normal(c),
+          rtol=1e-9)
