@@ -1,5 +1,6 @@
 """The IR: types, the op table, modules, text format, verifier, interpreter and tracing DSL."""
 
+from . import fused  # noqa: F401  (registers the fused-kernel and layout ops)
 from .interpreter import interpret, interpret_function
 from .module import GRAD_KINDS, Function, GradDecl, Loc, Module, Param, Stmt
 from .ops import OPS, OpDef, register

@@ -342,7 +342,7 @@ def _infer_transpose(ins: Sequence[TensorType], attrs: Attrs, written: TensorTyp
 
 
 register(OpDef("transpose", "transpose", 1, _infer_transpose,
-               lambda a, attrs, t: np.ascontiguousarray(np.transpose(a[0], attrs["perm"])),
+               lambda a, attrs, t: np.transpose(a[0], attrs["perm"]).copy(),  # C order, 0-d kept
                attrs=(("perm", INTS),), traits=frozenset({"differentiable", "layout"}),
                doc="np.transpose(x, perm)"))
 

@@ -22,6 +22,7 @@ _TOKEN = re.compile(
   | (?P<arrow>->)
   | (?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
   | (?P<ident>-?[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<arg>\$[0-9]+)
   | (?P<punct>[()\[\]{},:=])
     """,
     re.VERBOSE,
@@ -32,7 +33,7 @@ _MAX_NUMBER_LEN = 400
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    kind: str  # pname fname arrow number ident punct eof
+    kind: str  # pname fname arrow number ident arg punct eof
     text: str
     line: int
     col: int
@@ -272,6 +273,7 @@ class _Parser:
                                      f"{self.tok.describe()}")
                 if not self.accept("punct", ","):
                     break
+        attrs = {k: attrs[k] for k, _ in opdef.attrs if k in attrs}  # canonical order
         type_tok = self.punct(":", "':' and the result type (it is always written)")
         types = [self.type()]
         while self.accept("punct", ","):

@@ -73,8 +73,10 @@ def _relocate(module: Module, original: VerifyError) -> VerifyError:
     try:
         located = parse_module(print_module(module), source="<printed module>")
         _Checker(located).run()
-    except (VerifyError, ParseError) as e:
+    except VerifyError as e:
         return VerifyError(e.message, e.line, e.col, "<printed module>")
+    except ParseError:  # a malformed attribute value prints as text that cannot be read back
+        return original
     return original
 
 

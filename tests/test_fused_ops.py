@@ -1,0 +1,448 @@
+"""Fused-kernel and layout ops: text round trips, verifier diagnostics, and numpy semantics
+checked against the unfused core-op program and against hand-written numpy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import eqsat
+from eqsat.ir import Function, Module, Param, Stmt
+from eqsat.ir.fused import unfuse, unfuse_function, unfuse_module
+from eqsat.ir.ops import CORE_OPS, ELEMENTWISE, OPS, OpTypeError, ops_in, ops_with
+from eqsat.ir.scalar_expr import (MAX_DEPTH, App, Arg, Lit, body_args, body_op_names, body_ops,
+                                  check_body, elementwise_body, eval_body, format_body, merge,
+                                  operand_roles, parse_body, substitute)
+from eqsat.ir.types import DType
+
+GOLDEN = """\
+module @fused
+
+func @f(%x: f32[4,8], %w: f32[8], %b: f32[4,1]) -> (f32[4,8], f32[4], f32[4,8], bool[4,8]) {
+  %y = map %x, %w, %b, body=tanh(add(mul($0, $1), $2)) : f32[4,8]
+  %s = map_reduce %x, %w, body=mul(sub($0, $1), sub($0, $1)), reduce=sum, axes=[1] : f32[4]
+  %g = map %x, body=select(gt($0, 0.0), $0, mul($0, 0.01)) : f32[4,8]
+  %c = map %x, %w, body=ne(maximum($0, -inf), $1) : bool[4,8]
+  return %y, %s, %g, %c
+}
+
+func @ints(%i: i32[5], %j: i64[2,5]) -> (i32[5], i64[2], i64[2,5]) {
+  %k = map %i, body=div(add($0, -7), 2) : i32[5]
+  %m = map_reduce %j, body=abs($0), reduce=max, axes=[1] : i64[2]
+  %n = map %j, body=3 : i64[2,5]
+  return %k, %m, %n
+}
+
+func @consts(%x: f64[3]) -> (f64[3], f64[3]) {
+  %p = map %x, body=add(add(mul($0, 1e-05), nan), -0.0) : f64[3]
+  %q = map %x, body=select(true, minimum($0, inf), 2.5) : f64[3]
+  return %p, %q
+}
+
+func @mm(%a: f64[8,4], %b: f64[6,8], %bias: f64[6]) -> (f64[4,6], f64[4,6]) {
+  %c = matmul_t %a, %b, ta=1, tb=1 : f64[4,6]
+  %h = matmul_epi %a, %b, %bias, ta=1, tb=1, body=relu(add($0, $1)) : f64[4,6]
+  return %c, %h
+}
+"""
+
+FLOATS = (np.float32, np.float64)
+
+
+def rand(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def assert_same(a, b) -> None:
+    """Bitwise-equal results (NaN equals NaN), as fused and unfused programs must give."""
+    for x, y in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+        assert x.dtype == y.dtype and x.shape == y.shape
+        np.testing.assert_array_equal(x, y)
+
+
+# ---------------------------------------------------------------- the table
+
+
+def test_ops_are_registered_with_traits():
+    assert {"map", "map_reduce", "matmul_epi"} <= ops_with("fused")
+    assert "matmul_t" in ops_with("layout")
+    assert not {"map", "map_reduce", "matmul_t", "matmul_epi"} & CORE_OPS
+    assert OPS["map"].written_type and not OPS["map_reduce"].written_type
+    for name in ("map", "map_reduce", "matmul_t", "matmul_epi"):
+        assert OPS[name].doc
+
+
+def test_body_ops_come_from_the_table():
+    allowed = body_op_names()
+    assert allowed == {n for n in ELEMENTWISE if not OPS[n].written_type}
+    assert {"tanh", "add", "gt", "select"} <= allowed
+    assert not allowed & {"cast", "map", "matmul", "sum"}
+
+
+def test_operand_roles_are_probed_from_the_type_rules():
+    assert operand_roles("select") == ((True, False, False), True)
+    assert operand_roles("lt") == ((False, False), False)
+    assert operand_roles("add") == ((False, False), True)
+    assert operand_roles("exp") == ((False,), True)
+
+
+# ---------------------------------------------------------------- text
+
+
+def test_golden_text_round_trips():
+    m = eqsat.parse(GOLDEN)
+    assert str(m) == GOLDEN
+    again = eqsat.parse(str(m))
+    assert again == m and hash(again) == hash(m)
+
+
+def test_python_built_statements_equal_parsed_ones():
+    t = eqsat.f32[4, 8]
+    body = App("tanh", (App("add", (App("mul", (Arg(0), Arg(1))), Lit(0.5))),))
+    stmts = (
+        Stmt(("y",), "map", ("x", "w"), (("body", body),), (t,)),
+        Stmt(("s",), "map_reduce", ("x",), (("body", App("exp", (Arg(0),))),
+                                            ("reduce", "max"), ("axes", [0])), (eqsat.f32[8],)),
+    )
+    f = Function("f", (Param("x", t), Param("w", eqsat.f32[8])), (t, eqsat.f32[8]), stmts,
+                 ("y", "s"))
+    m = Module(f, name="built")
+    text = str(m)
+    assert "%y = map %x, %w, body=tanh(add(mul($0, $1), 0.5)) : f32[4,8]" in text
+    assert "%s = map_reduce %x, body=exp($0), reduce=max, axes=[0] : f32[8]" in text
+    assert eqsat.parse(text) == m
+    eqsat.verify(m)
+
+
+def test_literals_compare_by_their_text():
+    assert Lit(float("nan")) == Lit(float("nan"))
+    assert hash(Lit(float("nan"))) == hash(Lit(float("nan")))
+    assert Lit(-0.0) != Lit(0.0) and Lit(1) != Lit(1.0) and Lit(True) != Lit(1)
+    assert Lit(np.float32(0.5)) == Lit(0.5)
+    for text in ("add($0, -0.0)", "select(false, $1, nan)", "maximum($0, -inf)", "mul($0, 1e-05)",
+                 "sub(7, $2)", "neg(-3)"):
+        assert format_body(parse_body(text)) == text
+    with pytest.raises(TypeError):
+        Lit("0.5")
+    with pytest.raises(ValueError):
+        Arg(-1)
+
+
+def test_body_nesting_limit():
+    ok = "neg(" * (MAX_DEPTH - 1) + "$0" + ")" * (MAX_DEPTH - 1)
+    assert format_body(parse_body(ok)) == ok
+    text = (f"func @f(%x: f32[2]) -> f32[2] {{\n  %y = map %x, body=neg({ok}) : f32[2]\n"
+            "  return %y\n}\n")
+    with pytest.raises(eqsat.ParseError, match="nested deeper") as info:
+        eqsat.parse(text)
+    assert info.value.line == 2
+
+
+def test_deep_python_built_body_is_a_verify_error():
+    body: App | Arg = Arg(0)
+    for _ in range(5000):
+        body = App("neg", (body,))
+    t = eqsat.f32[2]
+    f = Function("f", (Param("x", t),), (t,), (Stmt(("y",), "map", ("x",), (("body", body),),
+                                                    (t,)),), ("y",))
+    with pytest.raises(eqsat.VerifyError, match="nested deeper"):
+        eqsat.verify(Module(f))
+
+
+def test_malformed_python_built_body_is_a_verify_error():
+    t = eqsat.f32[2]
+    f = Function("f", (Param("x", t),), (t,),
+                 (Stmt(("y",), "map", ("x",), (("body", "tanh"),), (t,)),), ("y",))
+    with pytest.raises(eqsat.VerifyError, match="must be a body expression"):
+        eqsat.verify(Module(f))
+
+
+# ---------------------------------------------------------------- diagnostics
+
+HEADER = ("module @e\n\nfunc @f(%x: f32[4], %w: f32[4], %c: bool[4], %s: f32[3], %i: i32[4], "
+          "%a: f32[3,5], %m: f32[5,2], %r: f32[2,3], %v: f32[2]) -> f32[4] {\n")
+
+BAD = [
+    # statement, error class, where the column points (a substring of the statement), message
+    ("%y = map %x, %w, body=add($0, $5) : f32[4]", eqsat.VerifyError, "body", "$5 is out of range"),
+    ("%y = map %x, body=add($0, foo($0)) : f32[4]", eqsat.ParseError, "foo", "unknown op 'foo'"),
+    ("%y = map %x, body=tahn($0) : f32[4]", eqsat.ParseError, "tahn", "did you mean 'tanh'"),
+    ("%y = map %x, %w, body=matmul($0, $1) : f32[4]", eqsat.ParseError, "matmul",
+     "cannot appear in a body"),
+    ("%y = map %x, body=add($0) : f32[4]", eqsat.VerifyError, "body",
+     "add takes 2 operand(s), got 1"),
+    ("%y = map %x, %w, body=select($0, $1, $1) : f32[4]", eqsat.VerifyError, "body",
+     "condition must be bool"),
+    ("%y = map %x, %w, body=add(gt($0, $1), $0) : f32[4]", eqsat.VerifyError, "body",
+     "one type, got bool"),
+    ("%y = map %c, body=exp($0) : f32[4]", eqsat.VerifyError, "body", "float operand"),
+    ("%y = map %x, body=gt($0, 0.0) : f32[4]", eqsat.VerifyError, "body",
+     "computes bool, but the result type says f32"),
+    ("%y = map %x, body=add($0, 1) : f32[4]", eqsat.VerifyError, "body", "needs a float literal"),
+    ("%y = map %i, body=add($0, 1.5) : i32[4]", eqsat.VerifyError, "body", "integer literal"),
+    ("%y = map %x, body=select(gt(1.0, 2.0), $0, $0) : f32[4]", eqsat.VerifyError, "body",
+     "nothing fixes the dtype"),
+    ("%y = map %x, %s, body=add($0, $1) : f32[4]", eqsat.VerifyError, "%s", "does not broadcast"),
+    ("%y = map body=1.0 : f32[4]", eqsat.VerifyError, "%y", "at least one operand"),
+    ("%y = map %x, body=add($0, $0 : f32[4]", eqsat.ParseError, ":", "expected ')' or ','"),
+    ("%y = map %x, body=add(%x, $0) : f32[4]", eqsat.ParseError, "%x, $0",
+     "expected a body expression"),
+    ("%y = map_reduce %x, body=$0, reduce=prod, axes=[0] : f32[]", eqsat.ParseError, "prod",
+     "expected a reduction"),
+    ("%y = map_reduce %x, body=$0, reduce=sum, axes=[1] : f32[]", eqsat.VerifyError, "axes",
+     "axis 1 is out of range"),
+    ("%y = map_reduce %x, body=gt($0, 0.0), reduce=sum, axes=[0] : f32[]", eqsat.VerifyError,
+     "reduce=", "sum needs a numeric body"),
+    ("%y = map_reduce %x, %s, body=add($0, $1), reduce=sum, axes=[0] : f32[]", eqsat.VerifyError,
+     "%s", "does not broadcast with"),
+    ("%y = matmul_t %a, %m, ta=2, tb=0 : f32[3,2]", eqsat.VerifyError, "ta", "ta is 0 or 1"),
+    ("%y = matmul_t %a, %m, ta=1, tb=0 : f32[5,2]", eqsat.VerifyError, "%m", "inner dimensions"),
+    ("%y = matmul_epi %a, %m, %r, ta=0, tb=0, body=add($0, $1) : f32[3,2]", eqsat.VerifyError,
+     "%r", "does not broadcast to the result"),
+    ("%y = matmul_epi %a, %m, %v, ta=0, tb=0, body=add($0, $2) : f32[3,2]", eqsat.VerifyError,
+     "body", "$2 is out of range"),
+    ("%y = matmul_epi %a, ta=0, tb=0, body=$0 : f32[3,2]", eqsat.VerifyError, "%y",
+     "needs two operands"),
+]
+
+
+@pytest.mark.parametrize("stmt, error, marker, message", BAD)
+def test_bad_statements_are_located(stmt, error, marker, message):
+    text = HEADER + "  " + stmt + "\n  return %x\n}\n"
+    with pytest.raises(error) as info:
+        eqsat.parse(text)
+    assert type(info.value) is error and message in str(info.value), str(info.value)
+    assert (info.value.line, info.value.col) == (4, 3 + stmt.index(marker)), str(info.value)
+
+
+# ---------------------------------------------------------------- semantics: hand-written
+
+
+def test_golden_program_matches_numpy_and_its_unfused_form():
+    m = eqsat.parse(GOLDEN)
+    u = unfuse_module(m)
+    eqsat.verify(u)
+    assert all(s.op in CORE_OPS for f in u.functions for s in f.body)
+    rng = np.random.default_rng(0)
+    x, w, b = rand(rng, (4, 8), "f4"), rand(rng, (8,), "f4"), rand(rng, (4, 1), "f4")
+    got = eqsat.interpret(m, "f", x, w, b)
+    assert_same(got, eqsat.interpret(u, "f", x, w, b))
+    y, s, g, c = got
+    np.testing.assert_allclose(y, np.tanh(x * w + b), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(s, ((x - w) ** 2).sum(axis=1), rtol=1e-5)
+    np.testing.assert_array_equal(g, np.where(x > 0, x, x * np.float32(0.01)))
+    np.testing.assert_array_equal(c, np.maximum(x, -np.inf) != w)
+
+    i, j = rng.integers(-20, 20, 5).astype("i4"), rng.integers(-9, 9, (2, 5))
+    k, mx, n = eqsat.interpret(m, "ints", i, j)
+    assert_same((k, mx, n), eqsat.interpret(u, "ints", i, j))
+    np.testing.assert_array_equal(k, (i - 7) // 2)
+    np.testing.assert_array_equal(mx, np.abs(j).max(axis=1))
+    np.testing.assert_array_equal(n, np.full((2, 5), 3))
+
+    a, bb, bias = rand(rng, (8, 4), "f8"), rand(rng, (6, 8), "f8"), rand(rng, (6,), "f8")
+    cc, h = eqsat.interpret(m, "mm", a, bb, bias)
+    assert_same((cc, h), eqsat.interpret(u, "mm", a, bb, bias))
+    np.testing.assert_allclose(cc, a.T @ bb.T, rtol=1e-12)
+    np.testing.assert_allclose(h, np.maximum(a.T @ bb.T + bias, 0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("op", sorted(body_op_names()))
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_every_body_op_equals_its_core_op(op, dtype):
+    conds, _ = operand_roles(op)
+    dt = DType.of(dtype)
+    ins = [eqsat.bool_ if c else dt for c in conds]
+    t = OPS[op].infer([d[2, 3] for d in ins], {}, None)
+    params = ", ".join(f"%p{i}: {d}[2,3]" for i, d in enumerate(ins))
+    operands = ", ".join(f"%p{i}" for i in range(len(ins)))
+    fused = (f"func @f({params}) -> {t} {{\n  %r = map {operands}, "
+             f"body={format_body(elementwise_body(op))} : {t}\n  return %r\n}}\n")
+    core = f"func @f({params}) -> {t} {{\n  %r = {op} {operands} : {t}\n  return %r\n}}\n"
+    mf, mc = eqsat.parse(fused), eqsat.parse(core)
+    assert unfuse_module(mf) == mc
+    rng = np.random.default_rng(1)
+    args = [rng.random((2, 3)) < 0.5 if c else rand(rng, (2, 3), dtype) for c in conds]
+    assert_same(eqsat.interpret(mf, "f", *args), eqsat.interpret(mc, "f", *args))
+
+
+def test_merging_a_producer_into_its_consumer():
+    producer = parse_body("mul($0, exp($1))")
+    consumer = parse_body("sub($2, tanh($1))")
+    merged = merge(consumer, 1, producer, 3)
+    assert format_body(merged) == "sub($1, tanh(mul($2, exp($3))))"
+    text = """\
+func @two(%z: f32[3,4], %w: f32[4], %x: f32[3,4], %y: f32[3,1]) -> f32[3,4] {
+  %p = map %x, %y, body=mul($0, exp($1)) : f32[3,4]
+  %c = map %z, %p, %w, body=sub($2, tanh($1)) : f32[3,4]
+  return %c
+}
+
+func @one(%z: f32[3,4], %w: f32[4], %x: f32[3,4], %y: f32[3,1]) -> f32[3,4] {
+  %c = map %z, %w, %x, %y, body=BODY : f32[3,4]
+  return %c
+}
+""".replace("BODY", format_body(merged))
+    m = eqsat.parse(text)
+    rng = np.random.default_rng(2)
+    args = (rand(rng, (3, 4), "f4"), rand(rng, (4,), "f4"), rand(rng, (3, 4), "f4"),
+            rand(rng, (3, 1), "f4"))
+    assert_same(eqsat.interpret(m, "two", *args), eqsat.interpret(m, "one", *args))
+
+
+def test_body_helpers():
+    b = parse_body("tanh(add(mul($0, $2), 0.5))")
+    assert body_ops(b) == {"tanh", "add", "mul"}
+    assert body_args(b) == {0, 2}
+    assert format_body(substitute(b, {2: parse_body("neg($1)")})) == \
+        "tanh(add(mul($0, neg($1)), 0.5))"
+    assert elementwise_body("select") == parse_body("select($0, $1, $2)")
+    assert check_body(parse_body("gt($0, 1)"), [DType.i32]) is DType.bool
+    with pytest.raises(OpTypeError, match="out of range"):
+        check_body(b, [DType.f32, DType.f32])
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    bias = np.arange(4, dtype=np.float32)
+    got = eval_body(parse_body("select(gt($0, 0.0), $0, mul($0, 0.01))"), [x])
+    np.testing.assert_array_equal(got, np.where(x > 0, x, x * np.float32(0.01)))
+    got = eval_body(parse_body("add($0, $1)"), [x, bias])
+    assert got.dtype == np.float32 and got.shape == (3, 4)
+    np.testing.assert_array_equal(got, x + bias)
+
+
+def test_unfuse_names_avoid_existing_ones():
+    text = """\
+func @f(%y.0: f32[2,3], %b: f32[3]) -> f32[2,3] {
+  %y = map %y.0, %b, body=add($0, $1) : f32[2,3]
+  %y.1 = neg %y : f32[2,3]
+  return %y.1
+}
+"""
+    m = eqsat.parse(text)
+    f = unfuse_function(m["f"])
+    names = [r for s in f.body for r in s.results]
+    assert len(names) == len(set(names)) and "y.0" not in names
+    eqsat.verify(m.replace([f]))
+    s = m["f"].body[1]
+    assert unfuse(s, m["f"].types()) == [s]
+
+
+def test_identity_body_unfuses_to_a_copy():
+    m = eqsat.parse("func @f(%x: f64[3]) -> f64[3] {\n  %y = map %x, body=$0 : f64[3]\n"
+                    "  return %y\n}\n")
+    (s,) = unfuse_function(m["f"]).body
+    assert (s.op, s.operands) == ("broadcast", ("x",))
+    x = np.arange(3.0)
+    y = eqsat.interpret(m, "f", x)
+    assert not np.shares_memory(x, y)
+
+
+# ---------------------------------------------------------------- semantics: generated
+
+ROLES = {op: operand_roles(op) for op in sorted(body_op_names())}
+NUMERIC = [op for op, (conds, same) in ROLES.items() if same and not any(conds)]
+CHOICE = [op for op, (conds, same) in ROLES.items() if any(conds)]
+PREDICATES = [op for op, (conds, same) in ROLES.items() if not same and not any(conds)]
+SHAPE = (3, 4)
+OPERAND_SHAPES = [(3, 4), (4,), (1, 4), (3, 1), (), (1, 1)]
+
+
+@st.composite
+def bodies(draw, n_inputs: int, boolean: bool = False, budget: int = 4):
+    """Bodies computing a float (or a bool) from float inputs, built from the table's ops."""
+    if boolean:
+        op = draw(st.sampled_from(PREDICATES))
+        return App(op, tuple(draw(bodies(n_inputs, False, budget - 1)) for _ in range(2)))
+    if budget <= 0 or draw(st.integers(0, 3)) == 0:
+        if draw(st.integers(0, 3)) == 0:
+            return Lit(draw(st.floats(-3, 3, width=32)))
+        return Arg(draw(st.integers(0, n_inputs - 1)))
+    op = draw(st.sampled_from(NUMERIC + CHOICE))
+    conds, _ = ROLES[op]
+    return App(op, tuple(draw(bodies(n_inputs, c, budget - 1)) for c in conds))
+
+
+@st.composite
+def fused_programs(draw):
+    dtype = draw(st.sampled_from(["f32", "f64"]))
+    n = draw(st.integers(1, 3))
+    shapes = [draw(st.sampled_from(OPERAND_SHAPES)) for _ in range(n)]
+    body_map = draw(bodies(n))
+    body_red = draw(bodies(n))
+    try:
+        for body, expected in ((body_map, DType(dtype)), (body_red, None)):
+            check_body(body, [DType(dtype)] * n, expected)
+    except OpTypeError:
+        assume(False)
+    domain = tuple(np.broadcast_shapes(*shapes))
+    axes = draw(st.lists(st.integers(0, len(domain) - 1), unique=True)) if domain else []
+    reduce = draw(st.sampled_from(sorted(ops_in("reduce"))))
+    kept = [d for i, d in enumerate(domain) if i not in axes]
+    params = ", ".join(f"%a{i}: {dtype}[{','.join(map(str, s))}]" for i, s in enumerate(shapes))
+    operands = ", ".join(f"%a{i}" for i in range(n))
+    red_t = f"{dtype}[{','.join(map(str, kept))}]"
+    text = (f"func @f({params}) -> ({dtype}[3,4], {red_t}) {{\n"
+            f"  %m = map {operands}, body={format_body(body_map)} : {dtype}[3,4]\n"
+            f"  %r = map_reduce {operands}, body={format_body(body_red)}, reduce={reduce}, "
+            f"axes=[{','.join(map(str, axes))}] : {red_t}\n"
+            f"  return %m, %r\n}}\n")
+    return text, dtype, shapes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@given(fused_programs(), st.integers(0, 2**32 - 1))
+def test_generated_maps_equal_their_unfused_programs(program, seed):
+    text, dtype, shapes = program
+    m = eqsat.parse(text)
+    assert str(m) == "module @main\n\n" + text
+    u = unfuse_module(m)
+    eqsat.verify(u)
+    assert all(s.op in CORE_OPS for s in u["f"].body)
+    rng = np.random.default_rng(seed)
+    args = [rand(rng, s, DType(dtype).np) for s in shapes]
+    assert_same(eqsat.interpret(m, "f", *args), eqsat.interpret(u, "f", *args))
+
+
+MATMUL_CASES = [
+    # a, b, ta, tb, extra operand shapes
+    ((3, 5), (5, 2), 0, 0, [(2,)]),
+    ((5, 3), (5, 2), 1, 0, [(3, 1)]),
+    ((3, 5), (2, 5), 0, 1, [(), (3, 2)]),
+    ((2, 5, 3), (2, 4, 5), 1, 1, [(2, 1, 4), (4,)]),
+]
+
+
+@pytest.mark.parametrize("a_shape, b_shape, ta, tb, extras", MATMUL_CASES)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_matmuls_match_numpy_and_unfused(a_shape, b_shape, ta, tb, extras, dtype):
+    dt = DType.of(dtype)
+    rng = np.random.default_rng(3)
+    a, b = rand(rng, a_shape, dtype), rand(rng, b_shape, dtype)
+    es = [rand(rng, s, dtype) for s in extras]
+    opa = np.swapaxes(a, -1, -2) if ta else a
+    opb = np.swapaxes(b, -1, -2) if tb else b
+    want = opa @ opb
+    t = dt[want.shape]
+    ext_params = "".join(f", %e{i}: {dt[s]}" for i, s in enumerate(extras))
+    ext_ops = "".join(f", %e{i}" for i in range(len(extras)))
+    body = "sigmoid(sub($0, mul($1, 0.5)))" if len(extras) == 1 else \
+        "select(gt($1, 0.0), relu(add($0, $2)), $0)"
+    text = (f"func @f(%a: {dt[a_shape]}, %b: {dt[b_shape]}{ext_params}) -> ({t}, {t}) {{\n"
+            f"  %p = matmul_t %a, %b, ta={ta}, tb={tb} : {t}\n"
+            f"  %q = matmul_epi %a, %b{ext_ops}, ta={ta}, tb={tb}, body={body} : {t}\n"
+            f"  return %p, %q\n}}\n")
+    m = eqsat.parse(text)
+    assert str(m) == "module @main\n\n" + text
+    p, q = eqsat.interpret(m, "f", a, b, *es)
+    assert_same((p, q), eqsat.interpret(unfuse_module(m), "f", a, b, *es))
+    tol = 1e-5 if dtype is np.float32 else 1e-12
+    np.testing.assert_allclose(p, want, rtol=tol, atol=tol)
+    if len(es) == 1:
+        hand = 1 / (1 + np.exp(-(want - es[0] * dtype(0.5))))
+    else:
+        hand = np.where(es[0] > 0, np.maximum(want + es[1], 0), want)
+    np.testing.assert_allclose(q, hand, rtol=tol, atol=tol)
+    assert math.isfinite(float(np.abs(q).sum()))
