@@ -1,0 +1,27 @@
+"""Suite-wide options: long fuzzing runs are opt-in with `pytest --run-slow`."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+
+settings.register_profile("default", deadline=None)
+settings.register_profile("slow", deadline=None, max_examples=2000)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--run-slow", action="store_true",
+                     help="also run the long fuzzing tests marked slow")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    settings.load_profile("slow" if config.getoption("--run-slow") else "default")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--run-slow"):
+        return
+    skip = pytest.mark.skip(reason="long fuzzing run: use pytest --run-slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
