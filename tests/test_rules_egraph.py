@@ -73,7 +73,8 @@ def test_default_rules_optimize_and_stay_equivalent():
     assert report.fired["fold_add"] >= 1 and report.fired["exp_of_bcast"] >= 1
     out = eg.build(extract_tree(eg.serialize()))
     text = str(out)
-    assert "transpose" not in text and "const 5.0" in text
+    # 2.0 + 3.0 folded: a constant, or (fusion in the default rules) a literal of a kernel body
+    assert "transpose" not in text and ("const 5.0" in text or "5.0)" in text)
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(p.type.shape).astype(np.float32) for p in m["f"].params]
     _same(m, out, "f", args)

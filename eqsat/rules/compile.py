@@ -7,6 +7,7 @@ fails (a division by zero, a missing shape) simply does not fire.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..ir.ops import INTS, OPS
@@ -39,6 +40,8 @@ class _Compiler:
     def attr(self, v: Any, kind: str) -> str:
         if isinstance(v, Var):
             return _v(v.name)
+        if kind in schema.ATTR_CODECS:  # e.g. a fused kernel's body, stored as its text
+            return json.dumps(schema.ATTR_CODECS[kind][0](v))
         if kind == INTS:
             return _vec(v)
         if isinstance(v, str):

@@ -1,7 +1,6 @@
 """The layout family: transpose and reshape chains compose and cancel, transposes move through
-elementwise ops and broadcasts (so extraction chooses where data is physically rearranged).
-
-Rules that need the transposed-operand matmul of the fused op table live in `fusion.py`.
+elementwise ops and broadcasts, and transposes of a matmul's operands fold into `matmul_t`
+(ta / tb read the operand transposed), so extraction chooses where data is physically rearranged.
 """
 
 from __future__ import annotations
@@ -23,6 +22,25 @@ rule sum_transpose: sum(transpose(?x, perm=[1,0]), axes=[0,1]) => sum(?x, axes=[
 """
 
 
+# A transpose swapping the last two axes, per rank: what matmul_t's ta / tb flags absorb.
+SWAP_LAST_TWO = {2: "[1,0]", 3: "[0,2,1]"}
+
+
+def _into_matmul_t() -> str:
+    lines = []
+    for rank, p in SWAP_LAST_TWO.items():
+        lines += [
+            f"rule mm_ta{rank}: matmul(transpose(?a, perm={p}), ?b) => matmul_t(?a, ?b, ta=1, tb=0)",
+            f"rule mm_tb{rank}: matmul(?a, transpose(?b, perm={p})) => matmul_t(?a, ?b, ta=0, tb=1)",
+            f"rule mmt_ta{rank}: matmul_t(transpose(?a, perm={p}), ?b, ta=0, tb=?t) => matmul_t(?a, ?b, ta=1, tb=?t)",
+            f"rule mmt_tb{rank}: matmul_t(?a, transpose(?b, perm={p}), ta=?t, tb=0) => matmul_t(?a, ?b, ta=?t, tb=1)",
+            f"rule mmt_unta{rank}: matmul_t(transpose(?a, perm={p}), ?b, ta=1, tb=?t) => matmul_t(?a, ?b, ta=0, tb=?t)",
+            f"rule mmt_untb{rank}: matmul_t(?a, transpose(?b, perm={p}), ta=?t, tb=1) => matmul_t(?a, ?b, ta=?t, tb=0)",
+        ]
+    lines.append("rule mmt_plain: matmul_t(?a, ?b, ta=0, tb=0) => matmul(?a, ?b)")
+    return "\n".join(lines)
+
+
 def _through_elementwise() -> str:
     lines = []
     for op in sorted(UNARY):
@@ -35,5 +53,6 @@ def _through_elementwise() -> str:
 
 
 def layout() -> RuleSet:
-    """The layout rule set (transpose/reshape chains, transposes through elementwise ops)."""
-    return parse(CHAINS + _through_elementwise(), "layout")
+    """The layout rule set (transpose/reshape chains, transposes through elementwise ops,
+    transposed matmul operands)."""
+    return parse("\n".join([CHAINS, _through_elementwise(), _into_matmul_t()]), "layout")

@@ -13,12 +13,38 @@ import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ..ir.module import Module
 from . import schema
 from .bridge import EGraph, load
 from .compile import compile_ruleset
 from .lang import RuleSet
+
+class Pass(Protocol):
+    """A rewrite pass in Python, run after each egglog round, for rewrites whose right side
+    egglog cannot compute (fusion's body substitution). It adds equal terms by union only."""
+
+    rule_names: tuple[str, ...]  # the names it reports its matches under
+
+    def enabled(self, rules: RuleSet) -> bool:
+        """Whether `rules` asks for this pass (e.g. it holds the pass's family)."""
+        ...
+
+    def run(self, eg: EGraph, budget: int) -> dict[str, int]:
+        """Add at most about `budget` e-nodes; returns the new terms per rule name."""
+        ...
+
+
+# Passes offered to every run; a pass takes part when its `enabled(rules)` says so.
+PASSES: list[Pass] = []
+
+
+def register_pass(p: Pass) -> None:
+    """Offer a Python pass to every later saturation run."""
+    if p not in PASSES:
+        PASSES.append(p)
+
 
 SATURATED = "saturated"
 ITERATION_LIMIT = "iteration limit"
@@ -93,7 +119,8 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
     limits = limits or Limits()
     start = time.perf_counter()
     eg.run(compile_ruleset(rules))
-    names = set(rules.names())
+    passes = [p for p in PASSES if p.enabled(rules)]
+    names = set(rules.names()).union(*(p.rule_names for p in passes))
     first, _ = _matches(eg.run(_ANALYSIS))
     report = Report(SATURATED, initial_nodes=eg.size())
     report.fired.update({k: v for k, v in first.items() if k in names})
@@ -118,6 +145,11 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
             break
         t0 = time.perf_counter()
         matches, updated = _matches(eg.run(_ROUND))
+        for p in passes:
+            added = p.run(eg, max(0, limits.nodes - eg.size()))
+            updated = updated or any(added.values())
+            for k, v in added.items():
+                matches[k] = matches.get(k, 0) + v
         nodes = eg.size()
         seconds = time.perf_counter() - t0
         fired = {k: v for k, v in matches.items() if k in names}

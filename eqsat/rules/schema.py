@@ -10,6 +10,7 @@ e-class that would get two shapes stops the run loudly instead of going ill-type
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,7 +31,8 @@ def _register_fused() -> None:
     except ImportError:
         return
     ATTR_SORTS[fused.BODY] = ATTR_SORTS[fused.REDUCER] = "String"
-    ATTR_CODECS[fused.BODY] = (format_body, parse_body)
+    # bodies are immutable and every serialization decodes each one again: cache the parse
+    ATTR_CODECS[fused.BODY] = (format_body, functools.lru_cache(maxsize=1 << 14)(parse_body))
     ATTR_CODECS[fused.REDUCER] = (str, str)
 
 ANALYSIS = "analysis"  # egglog ruleset: types, plus analysis-kind user rules (constant folding)
@@ -184,6 +186,26 @@ def _concat(enc: Encoding) -> list[str]:
                   "(set (shape t) (vec-set s a_axis n)) (set (dtype t) d)")]
 
 
+def _product_facts(enc: Encoding) -> str:
+    # matmul_epi is variadic: its first two operands are the product's a and b
+    return "(= l (TCons x0 (TCons x1 rest)))" if enc.variadic else ""
+
+
+def _matmul_t(enc: Encoding) -> list[str]:
+    """op(a) @ op(b): the last two dims of a (swapped when ta=1), of b (when tb=1)."""
+    rules = []
+    base = _product_facts(enc) + " (= sa (shape x0)) (= sb (shape x1)) (= n (vec-length sa))"
+    for ta in (0, 1):
+        for tb in (0, 1):
+            m = f"(vec-get sa (- n {1 if ta else 2}))"
+            k = f"(vec-get sb (- n {2 if tb else 1}))"
+            rules.append(_rule(enc, f"{base} (= a_ta {ta}) (= a_tb {tb})",
+                               f"(set (shape t) (vec-set (vec-set sa (- n 2) {m}) (- n 1) {k}))"))
+    # a matmul_epi's body computes the product's dtype (fusion only builds such epilogues)
+    rules.append(_rule(enc, _product_facts(enc) + " (= d (dtype x0))", "(set (dtype t) d)"))
+    return rules
+
+
 ShapeRule = Callable[[Encoding], list[str]]
 
 # Type analysis per op family (per op where the family is too coarse). Fused-op families add
@@ -209,8 +231,12 @@ def _loaded_only(enc: Encoding) -> list[str]:
     return []
 
 
+# map's type is written; map_reduce's domain (its operands broadcast together) has no rule
+# yet, so only fusion's Python pass creates it, by union with an e-class that is already typed.
 SHAPE_RULES["fused"] = _loaded_only
-SHAPE_RULES["matmul_t"] = _loaded_only
+SHAPE_RULES["map"] = _written
+SHAPE_RULES["matmul_t"] = _matmul_t
+SHAPE_RULES["matmul_epi"] = _matmul_t
 _register_fused()
 
 

@@ -1,0 +1,467 @@
+"""Fusion's Python pass: the fusion rules whose right side substitutes one body into another.
+
+egglog stores a kernel's body as its canonical text (a String attribute) and cannot rewrite
+inside it, so these rules run in Python after each egglog round, on the serialized e-graph:
+
+- `fuse_producer`: a consumer kernel (a `map`, or an elementwise op read as the map of its own
+  body) inlines an operand's producer (a `map` or an elementwise op): the producer's body
+  replaces `$k` in the consumer's body, the producer's operands join the consumer's;
+- `fuse_broadcast`: an operand that is a `broadcast` is read through (a fused kernel
+  broadcasts its operands itself, numpy's rule), so the broadcast is never materialized;
+- `fuse_constant`: an operand that is a constant becomes a literal of the body;
+- `fuse_reduce`: a reduction (`sum max min`) of a kernel becomes one `map_reduce`, and a
+  `map_reduce` inlines producers as a map does (only where its index space stays the same);
+- `fuse_epilogue`: a kernel reading a `matmul` / `matmul_t` becomes a `matmul_epi`.
+
+Each new kernel is put in canonical form (equal operands merged, operands numbered in the order
+the body first reads them, unused ones dropped), so equal fusions are one e-node; it is typed by
+the op table's own `infer` and must give exactly its e-class's type, and it joins that e-class
+by `union`: the pass only adds equal forms, extraction decides whether fusing pays. Blow-up is
+bounded: bodies of at most MAX_BODY_OPS ops and MAX_OPERANDS operands, the MAX_FORMS largest
+kernels of an e-class taken as consumers and producers, and a node budget per run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..ir.fused import domain
+from ..ir.module import Stmt
+from ..ir.ops import OPS, OpTypeError, broadcastable, ops_in
+from ..ir.scalar_expr import (App, Arg, Expr, Lit, body_op_names, elementwise_body, merge,
+                              substitute)
+from ..ir.types import TensorType
+from . import schema
+from .bridge import EGraph, ENode, Serialized, _list, const_term
+from .lang import RuleSet
+
+MAX_BODY_OPS = 24
+MAX_OPERANDS = 8
+MAX_FORMS = 3  # per e-class, the largest map kernels used as consumers and as producers
+MAX_NEW = 5000  # new terms per run, at most
+
+RULES = ("fuse_canonical", "fuse_producer", "fuse_broadcast", "fuse_constant", "fuse_reduce",
+         "fuse_epilogue")
+_ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """An elementwise computation: operand e-classes and a body over them."""
+
+    operands: tuple[str, ...]
+    body: Expr
+
+
+def body_size(e: Expr) -> int:
+    """The number of ops applied in a body."""
+    n, stack = 0, [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, App):
+            n += 1
+            stack.extend(x.args)
+    return n
+
+
+def canonical(operands: tuple[str, ...], body: Expr, fixed: int = 0) -> Kernel:
+    """The kernel with equal operands merged and the rest numbered by first use (pre-order);
+    the first `fixed` operands keep their places (a matmul_epi's product)."""
+    order = list(operands[:fixed])
+    index = {c: i for i, c in enumerate(order)}
+    mapping: dict[int, Expr] = {i: Arg(i) for i in range(fixed)}
+    stack = [body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Arg) and e.index not in mapping:
+            c = operands[e.index]
+            if c not in index:
+                index[c] = len(order)
+                order.append(c)
+            mapping[e.index] = Arg(index[c])
+        elif isinstance(e, App):
+            stack.extend(reversed(e.args))
+    return Kernel(tuple(order), substitute(body, mapping))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A new term for e-class `eclass`: `op` over operand classes, with IR attributes."""
+
+    eclass: str
+    op: str
+    operands: tuple[str, ...]
+    attrs: tuple[tuple[str, object], ...]
+    rule: str
+
+
+class _Graph:
+    """The serialized e-graph, indexed for the pass."""
+
+    def __init__(self, ser: Serialized):
+        self.ser = ser
+        self.types = ser.types
+        self.elementwise = body_op_names()
+        self.existing = {(n.eclass, n.op, n.attrs, n.children) for n in ser.nodes.values()}
+        self._all: dict[str, list[tuple[frozenset[str], int]]] = {}
+
+    def nodes(self, c: str) -> Iterator[ENode]:
+        for nid in self.ser.classes.get(c, ()):
+            yield self.ser.nodes[nid]
+
+    def core(self, c: str) -> list[Kernel]:
+        """The elementwise ops of class c as kernels."""
+        return [Kernel(n.children, elementwise_body(n.op)) for n in self.nodes(c)
+                if n.op in self.elementwise]
+
+    def dominated(self, c: str, k: Kernel) -> bool:
+        """Whether class c has a kernel reading no more operands with no more ops: it is never
+        costlier under a roofline (one launch each, fewer bytes and flops), so `k` is waste.
+        This also stops inlining around cycles (x = neg(neg(x)) after `neg_neg`)."""
+        if c not in self._all:
+            self._all[c] = [(frozenset(j.operands), body_size(j.body)) for j in self.core(c)] + [
+                (frozenset(n.children), body_size(dict(n.attrs)["body"]))
+                for n in self.nodes(c) if n.op == "map"]
+        ops, size = frozenset(k.operands), body_size(k.body)
+        return any(o <= ops and s <= size for o, s in self._all[c])
+
+    def kernels(self, c: str) -> list[Kernel]:
+        """The elementwise ops of class c as kernels, then its MAX_FORMS largest maps."""
+        core, maps = [], []
+        for n in self.nodes(c):
+            if n.op in self.elementwise:
+                core.append(Kernel(n.children, elementwise_body(n.op)))
+            elif n.op == "map":
+                maps.append(Kernel(n.children, dict(n.attrs)["body"]))
+        maps.sort(key=lambda k: (-body_size(k.body), len(k.operands)))
+        return core + maps[:MAX_FORMS]
+
+    def through(self, c: str) -> Expr | str:
+        """A constant operand's literal, or the smallest value a broadcast operand reads, or
+        the class itself."""
+        best = c
+        for n in self.nodes(c):
+            if n.op == "const":
+                return Lit(dict(n.attrs)["value"])
+            if n.op == "broadcast":
+                x = n.children[0]
+                if x in self.types and self.types[x].size < self.types[best].size:
+                    best = x
+        return best
+
+    def normal(self, k: Kernel, keep: tuple[int, ...] | None = None) -> tuple[Kernel, str]:
+        """The canonical kernel with constants inlined and broadcasts read through (both
+        always pay: fewer bytes read, nothing recomputed); `keep` is a map_reduce's index
+        space, which must not shrink. Also names the rule that changed it most."""
+        rule = ""
+        for _ in range(MAX_OPERANDS * 4):
+            mapping: dict[int, Expr] = {}
+            ops = list(k.operands)
+            for i, c in enumerate(k.operands):
+                if c not in self.types:
+                    continue
+                new = self.through(c)
+                if isinstance(new, Lit):
+                    mapping[i] = new
+                    rule = rule or "fuse_constant"
+                elif new != c:
+                    trial = ops[:i] + [new] + ops[i + 1:]
+                    if keep is not None and not _same_domain(self, trial, keep):
+                        continue
+                    ops = trial
+                    rule = "fuse_broadcast"
+            if not mapping and ops == list(k.operands):
+                break
+            k = Kernel(tuple(ops), substitute(k.body, mapping))
+        return canonical(k.operands, k.body), rule
+
+    def producers(self, c: str) -> Iterator[Kernel]:
+        """What an operand of class c can be inlined as: its elementwise kernels (none for a
+        constant, which `normal` inlines as a literal)."""
+        if not isinstance(self.through(c), Lit):
+            yield from self.kernels(c)
+
+    def typed(self, cs: tuple[str, ...]) -> list[TensorType] | None:
+        ts = [self.types.get(c) for c in cs]
+        return None if any(t is None for t in ts) else ts  # type: ignore[return-value]
+
+
+def _same_domain(g: _Graph, operands: list[str], shape: tuple[int, ...]) -> bool:
+    ts = g.typed(tuple(operands))
+    try:
+        return ts is not None and domain(ts) == tuple(shape)
+    except OpTypeError:
+        return False
+
+
+def _small(k: Kernel) -> bool:
+    return (0 < len(k.operands) <= MAX_OPERANDS and not isinstance(k.body, Arg)
+            and body_size(k.body) <= MAX_BODY_OPS)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _infers_cached(op: str, ins: tuple[TensorType, ...], attrs: tuple, want: TensorType) -> bool:
+    try:
+        return OPS[op].infer(list(ins), dict(attrs), want if OPS[op].written_type else None
+                             ) == want
+    except (OpTypeError, ValueError, KeyError, IndexError):
+        return False
+
+
+def _infers(op: str, ins: list[TensorType], attrs: dict, want: TensorType) -> bool:
+    """Whether the op table types `op` over `ins` with `attrs` exactly as `want`."""
+    return _infers_cached(op, tuple(ins), tuple(attrs.items()), want)
+
+
+class FusionPass:
+    """The Python half of the fusion family (see the module docstring); `runner.Pass`."""
+
+    rule_names = RULES
+
+    def __init__(self, family: frozenset[str]):
+        self.family = family  # the names of the fusion family's egglog rules
+        self.lets = 0
+
+    def enabled(self, rules: RuleSet) -> bool:
+        """Runs with any rule set that holds a rule of the fusion family."""
+        return bool(self.family & set(rules.names()))
+
+    def run(self, eg: EGraph, budget: int) -> dict[str, int]:
+        """Add the fusions of the current e-graph not yet in it; returns new terms per rule."""
+        counts = dict.fromkeys(RULES, 0)
+        if budget <= 0:
+            return counts
+        eg.run(_ANALYSIS)  # terms of the last round get their types first
+        g = _Graph(eg.serialize())
+        found: dict[tuple, Candidate] = {}
+        limit = min(MAX_NEW, budget)
+        # combinations tried before (per e-graph): e-class ids are stable until classes merge
+        seen = eg.__dict__.setdefault("_fusion_seen", set())
+        for cand in self._candidates(g, seen):
+            key = (cand.eclass, cand.op, cand.attrs, cand.operands)
+            if key in g.existing or key in found:
+                continue
+            found[key] = cand
+            if sum(1 + len(c.operands) for c in found.values()) >= limit:
+                break
+        if found:
+            eg.run(self._program(eg, g, list(found.values())))
+        for cand in found.values():
+            counts[cand.rule] += 1
+        return counts
+
+    # -------------------------------------------------------------- what to add
+
+    def _candidates(self, g: _Graph, seen: set) -> Iterator[Candidate]:
+        reducers = ops_in("reduce")
+        for c in list(g.ser.classes):
+            t = g.types.get(c)
+            if t is None:
+                continue
+            for k in g.kernels(c):
+                yield from self._maps(g, c, t, k, seen)
+            mrs = []
+            for n in g.nodes(c):
+                if n.op in reducers:
+                    yield from self._reduce(g, c, t, n, seen)
+                elif n.op == "map_reduce":
+                    mrs.append(n)
+            mrs.sort(key=lambda n: -body_size(dict(n.attrs)["body"]))
+            for n in mrs[:MAX_FORMS]:
+                yield from self._into_map_reduce(g, c, t, n, seen)
+
+    def _map(self, g: _Graph, c: str, t: TensorType, k: Kernel, rule: str
+             ) -> Candidate | None:
+        k, normal = g.normal(k)
+        ins = g.typed(k.operands)
+        if not _small(k) or ins is None or not all(broadcastable(x.shape, t.shape) for x in ins):
+            return None
+        if not _infers("map", ins, {"body": k.body}, t):
+            return None
+        if g.dominated(c, k):
+            return None
+        return Candidate(c, "map", k.operands, (("body", k.body),), normal or rule)
+
+    def _maps(self, g: _Graph, c: str, t: TensorType, k: Kernel, seen: set
+              ) -> Iterator[Candidate]:
+        if (c, k) in seen:
+            return  # an unchanged consumer was combined with its producers then
+        seen.add((c, k))
+        same = self._map(g, c, t, k, "fuse_canonical")
+        if same is not None:
+            yield same
+        # inline into the normal form, where each operand class is read at one index, so a
+        # producer replaces every read of its value at once
+        k, _ = g.normal(k)
+        n = len(k.operands)
+        for i, oc in enumerate(k.operands):
+            for p in g.producers(oc):
+                if (c, k, i, p) in seen:
+                    continue
+                seen.add((c, k, i, p))
+                body = merge(k.body, i, p.body, n)
+                cand = self._map(g, c, t, Kernel(k.operands[:i] + k.operands[i + 1:] +
+                                                 p.operands, body), "fuse_producer")
+                if cand is not None:
+                    yield cand
+        for i in range(n):
+            yield from self._epilogue(g, c, t, k, i)
+
+    def _epilogue(self, g: _Graph, c: str, t: TensorType, k: Kernel, i: int
+                  ) -> Iterator[Candidate]:
+        oc = k.operands[i]
+        if g.types.get(oc) != t:
+            return
+        # the product becomes $0, the kernel's other operands follow
+        rest = k.operands[:i] + k.operands[i + 1:]
+        mapping = {j: Arg(j + 1 if j < i else j) for j in range(len(k.operands))}
+        mapping[i] = Arg(0)
+        body = substitute(k.body, mapping)
+        for n in g.nodes(oc):
+            if n.op not in ("matmul", "matmul_t"):
+                continue
+            ta, tb = (dict(n.attrs)["ta"], dict(n.attrs)["tb"]) if n.op == "matmul_t" else (0, 0)
+            epi = canonical((oc,) + rest, body, fixed=1)
+            operands = n.children + epi.operands[1:]
+            ins = g.typed(operands)
+            attrs = {"ta": ta, "tb": tb, "body": epi.body}
+            if ins is None or len(operands) > MAX_OPERANDS + 2:
+                continue
+            if not _infers("matmul_epi", ins, attrs, t):
+                continue
+            yield Candidate(c, "matmul_epi", operands, tuple(attrs.items()), "fuse_epilogue")
+
+    def _reduce(self, g: _Graph, c: str, t: TensorType, n: ENode, seen: set
+                ) -> Iterator[Candidate]:
+        (x,) = n.children
+        xt = g.types.get(x)
+        if xt is None:
+            return
+        attrs = {"body": None, "reduce": n.op, "axes": tuple(dict(n.attrs)["axes"])}
+        for k in g.kernels(x):
+            if (c, n.op, k) not in seen:
+                seen.add((c, n.op, k))
+                yield from self._map_reduce(g, c, t, k, attrs, xt.shape, "fuse_reduce")
+
+    def _into_map_reduce(self, g: _Graph, c: str, t: TensorType, n: ENode, seen: set
+                         ) -> Iterator[Candidate]:
+        attrs = dict(n.attrs)
+        ins = g.typed(n.children)
+        if ins is None:
+            return
+        shape = domain(ins)
+        k = Kernel(n.children, attrs["body"])
+        for i, oc in enumerate(k.operands):
+            for p in g.producers(oc):
+                if (c, k, i, p) in seen:
+                    continue
+                seen.add((c, k, i, p))
+                body = merge(k.body, i, p.body, len(k.operands))
+                fused = Kernel(k.operands[:i] + k.operands[i + 1:] + p.operands, body)
+                yield from self._map_reduce(g, c, t, fused, attrs, shape, "fuse_producer")
+
+    def _map_reduce(self, g: _Graph, c: str, t: TensorType, k: Kernel, attrs: dict,
+                    shape: tuple[int, ...], rule: str) -> Iterator[Candidate]:
+        # a smaller index space would reduce fewer values: it must stay `shape`
+        if not _same_domain(g, list(k.operands), shape):
+            return
+        k, normal = g.normal(k, keep=tuple(shape))
+        ins = g.typed(k.operands)
+        if not _small(k) or ins is None or not _same_domain(g, list(k.operands), shape):
+            return
+        attrs = dict(attrs, body=k.body)
+        if _infers("map_reduce", ins, attrs, t):
+            yield Candidate(c, "map_reduce", k.operands,
+                            tuple((name, attrs[name]) for name, _ in OPS["map_reduce"].attrs),
+                            normal or rule)
+
+    # -------------------------------------------------------------- egglog program
+
+    def _program(self, eg: EGraph, g: _Graph, cands: list[Candidate]) -> str:
+        refs = _Refs(self, eg, g)
+        lines = []
+        for cand in cands:
+            target = refs.ref(cand.eclass)
+            args = [refs.ref(o) for o in cand.operands]
+            if target is None or any(a is None for a in args):
+                continue
+            env = dict(zip(cand.operands, args))
+            stmt = Stmt(("_",), cand.op, cand.operands, cand.attrs, (g.types[cand.eclass],))
+            lines.append(f"(union {target} {eg._stmt_term(stmt, 0, env)})")
+        return "\n".join(refs.lines + lines)
+
+
+class _Refs:
+    """egglog names for e-classes: each bound by `let` to a term of least height."""
+
+    def __init__(self, owner: FusionPass, eg: EGraph, g: _Graph):
+        self.owner, self.eg, self.g = owner, eg, g
+        self.names: dict[str, str] = {}
+        self.lines: list[str] = []
+        self.rep = self._representatives()
+
+    def _representatives(self) -> dict[str, ENode]:
+        ser, types = self.g.ser, self.g.types
+        users: dict[str, list[ENode]] = {}
+        pending: dict[int, int] = {}
+        queue: list[ENode] = []
+        for n in ser.nodes.values():
+            if n.eclass not in types:
+                continue
+            kids = set(n.children)
+            pending[id(n)] = len(kids)
+            for k in kids:
+                users.setdefault(k, []).append(n)
+            if not kids:
+                queue.append(n)
+        rep: dict[str, ENode] = {}
+        head = 0
+        while head < len(queue):  # breadth first from the leaves: least height first
+            n = queue[head]
+            head += 1
+            if n.eclass in rep:
+                continue
+            rep[n.eclass] = n
+            for u in users.get(n.eclass, ()):
+                pending[id(u)] -= 1
+                if pending[id(u)] == 0:
+                    queue.append(u)
+        return rep
+
+    def ref(self, c: str) -> str | None:
+        if c in self.names:
+            return self.names[c]
+        n = self.rep.get(c)
+        if n is None:
+            return None
+        # children first, without recursion (terms may be deep)
+        stack = [(c, False)]
+        while stack:
+            cid, ready = stack.pop()
+            if cid in self.names:
+                continue
+            node = self.rep[cid]
+            if not ready:
+                stack.append((cid, True))
+                stack += [(k, False) for k in node.children if k not in self.names]
+                continue
+            self.owner.lets += 1
+            name = f"$fu{self.owner.lets}"
+            self.lines.append(f"(let {name} {self._term(cid, node)})")
+            self.names[cid] = name
+        return self.names[c]
+
+    def _term(self, c: str, n: ENode) -> str:
+        attrs = dict(n.attrs)
+        if n.op == "param":
+            return f"(Param {json.dumps(attrs['function'])} {json.dumps(attrs['name'])})"
+        if n.op == "const":
+            return const_term(attrs["value"], self.g.types[c])
+        kids = [self.names[k] for k in n.children]
+        if n.op == "call":
+            return f"(Op_call {json.dumps(attrs['callee'])} {_list(kids)} {attrs['index']})"
+        stmt = Stmt(("_",), n.op, n.children, n.attrs, (self.g.types[c],))
+        return self.eg._stmt_term(stmt, 0, dict(zip(n.children, kids)))
