@@ -106,6 +106,8 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
         hint = (" (a rule equates values of different types; eqsat.rules.check finds it)"
                 if "Illegal merge" in str(e) else "")
         return keep_input(f"saturation failed: {e}{hint}")
+    except Exception as e:  # a bug of ours must not cost the user the program
+        return keep_input(f"internal error during saturation (please report it): {e!r}")
     report.stop_reason, report.rounds = sat.stop_reason, len(sat.rounds)
     report.enodes_initial, report.enodes_final = sat.initial_nodes, sat.final_nodes
     report.fired = sat.fired
@@ -164,6 +166,9 @@ def _extract_all(module: Module, ser: Serialized, model: CostModel, method: str,
             candidate = emit(f, graph, ext, ser, module)
         except Error as e:
             note = f"extraction failed, input kept: {e}"
+        except Exception as e:  # a bug of ours must not cost the user the program
+            note = f"internal error during extraction, input kept (please report it): {e!r}"
+            warnings.warn(f"optimize kept @{name}: {note}", OptimizeWarning, stacklevel=3)
         seconds = time.perf_counter() - t0
         out_cost = body_cost(candidate, model, final) if candidate is not None else np.inf
         keep = not out_cost < in_cost * (1 - 1e-12)
