@@ -1,0 +1,130 @@
+"""assert_equivalent: passes on equal programs, fails naming the function, inputs and error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqsat
+import eqsat.ad
+from eqsat.testing.equivalence import assert_equivalent, compare
+
+
+def mod(body: str) -> eqsat.Module:
+    return eqsat.parse("module @m\n" + body)
+
+
+F_UNFUSED = """
+func @f(%x: f32[3,4], %y: f32[3,4]) -> f32[3,4] {
+  %a = add %x, %y : f32[3,4]
+  %b = relu %a : f32[3,4]
+  return %b
+}"""
+F_FUSED = """
+func @f(%x: f32[3,4], %y: f32[3,4]) -> f32[3,4] {
+  %b = map %x, %y, body=relu(add($0, $1)) : f32[3,4]
+  return %b
+}"""
+F_WRONG = F_FUSED.replace("relu(", "abs(")
+G_UNFUSED = """
+func @g(%x: f32[3,4], %w: f32[4,2]) -> (f32[3,2], f32[]) {
+  %p = matmul %x, %w : f32[3,2]
+  %t = transpose %p, perm=[1,0] : f32[2,3]
+  %u = transpose %t, perm=[1,0] : f32[3,2]
+  %s = sum %u, axes=[0,1] : f32[]
+  return %p, %s
+}"""
+G_OPTIMIZED = """
+func @g(%x: f32[3,4], %w: f32[4,2]) -> (f32[3,2], f32[]) {
+  %p = matmul %x, %w : f32[3,2]
+  %s = sum %p, axes=[0,1] : f32[]
+  return %p, %s
+}"""
+UNFUSED = mod(F_UNFUSED + G_UNFUSED)
+OPTIMIZED = mod(F_FUSED + G_OPTIMIZED)
+
+
+def test_equal_programs_pass():
+    assert_equivalent(UNFUSED, OPTIMIZED, trials=10)
+    assert_equivalent(UNFUSED, UNFUSED, trials=5)
+
+
+def test_a_different_program_fails_with_function_inputs_and_error():
+    wrong = mod(F_WRONG + G_OPTIMIZED)
+    with pytest.raises(AssertionError) as e:
+        assert_equivalent(UNFUSED, wrong, trials=20)
+    msg = str(e.value)
+    assert "@f differs between the modules: result 0 (f32[3,4])" in msg
+    assert "largest error" in msg and "%x: f32[3,4] =" in msg and "%y: f32[3,4] =" in msg
+
+
+def test_nan_in_different_places_fails():
+    a = mod("""
+func @f(%x: f64[5]) -> f64[5] {
+  %l = log %x : f64[5]
+  return %l
+}""")
+    b = mod("""
+func @f(%x: f64[5]) -> f64[5] {
+  %a = abs %x : f64[5]
+  %l = log %a : f64[5]
+  return %l
+}""")
+    with pytest.raises(AssertionError, match="NaN in different places"):
+        assert_equivalent(a, b, trials=30)
+
+
+def test_integer_results_must_be_exact():
+    a = mod("""
+func @f(%x: i32[4]) -> i32[4] {
+  %y = add %x, %x : i32[4]
+  return %y
+}""")
+    b = mod("""
+func @f(%x: i32[4]) -> i32[4] {
+  %y = mul %x, %x : i32[4]
+  return %y
+}""")
+    with pytest.raises(AssertionError, match="element\\(s\\) differ; first at index"):
+        assert_equivalent(a, b, trials=30)
+
+
+def test_different_functions_or_signatures_fail_at_once():
+    only_f = mod(F_UNFUSED)
+    with pytest.raises(AssertionError, match="only in the first: \\['g'\\]"):
+        assert_equivalent(UNFUSED, only_f)
+    other = mod("""
+func @f(%x: f32[3,4], %y: f32[3,4]) -> f32[3,4] {
+  return %x
+}
+func @g(%x: f32[3,4], %w: f32[4,3]) -> (f32[3,3], f32[]) {
+  %p = matmul %x, %w : f32[3,3]
+  %s = sum %p, axes=[0,1] : f32[]
+  return %p, %s
+}""")
+    with pytest.raises(AssertionError, match="@g has different signatures"):
+        assert_equivalent(UNFUSED, other)
+
+
+def test_gradient_declarations_are_compared_as_functions():
+    src = """
+func @loss(%x: f32[4,3], %w: f32[3,2]) -> f32[] {
+  %p = matmul %x, %w : f32[4,2]
+  %q = mul %p, %p : f32[4,2]
+  %t = sum %q, axes=[0,1] : f32[]
+  return %t
+}
+func @loss_grad = grad @loss wrt %w
+"""
+    m = mod(src)
+    assert_equivalent(m, eqsat.ad.differentiate(m), trials=5)
+
+
+def test_compare_tolerances_and_special_values():
+    a = np.array([1.0, np.inf, np.nan], dtype=np.float32)
+    assert compare(a, a.copy(), 1e-6, 0.0) is None
+    assert compare(a, np.array([1.00001, np.inf, np.nan], np.float32), 1e-4, 0.0) is None
+    assert "largest error" in compare(a, np.array([1.1, np.inf, np.nan], np.float32), 1e-4, 0.0)
+    assert "infinities differ" in compare(a, np.array([1.0, -np.inf, np.nan], np.float32), 1, 1)
+    assert "f32" not in (compare(a, a.astype(np.float64), 1, 1) or "f32")
+    assert compare(np.float32(1.0), np.float32(2.0), 0.0, 0.5) is not None
