@@ -1,4 +1,4 @@
-"""The `eqsat` command: check, format and optimize `.eqir` files.
+"""The `eqsat` command: check, format, optimize and run `.eqir` files.
 
 Errors print as `FILE:LINE:COL: message` (the form editors and compilers use) and the command
 exits with status 1.
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from .errors import Error, LocatedError
 from .ir import Module, parse
@@ -36,42 +38,93 @@ def _report(path: str, e: Error) -> None:
         print(str(e), file=sys.stderr)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    status = 0
-    for path in args.files:
+def _loaded(paths: list[str], failed: list[str]) -> Iterator[tuple[str, Module]]:
+    """Each file that parses and verifies; the others are reported and noted in `failed`."""
+    for path in paths:
         try:
-            m = _load(path)
+            yield path, _load(path)
         except Error as e:
             _report(path, e)
-            status = 1
-            continue
+            failed.append(path)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    failed: list[str] = []
+    for path, m in _loaded(args.files, failed):
         if not args.quiet:
             n_f, n_g = len(m.functions), len(m.grad_decls)
             stmts = sum(len(f.body) for f in m.functions)
             print(f"{path}: ok (module @{m.name}: {n_f} function(s), {stmts} statement(s), "
                   f"{n_g} gradient declaration(s))")
-    return status
+    return 1 if failed else 0
 
 
 def cmd_fmt(args: argparse.Namespace) -> int:
-    status = 0
-    for path in args.files:
-        try:
-            m = _load(path)
-        except Error as e:
-            _report(path, e)
-            status = 1
-            continue
+    failed: list[str] = []
+    for path, m in _loaded(args.files, failed):
         text = str(m)
         if args.check:
             if Path(path).read_text() != text:
                 print(f"{path}: not in canonical form", file=sys.stderr)
-                status = 1
+                failed.append(path)
         elif args.in_place and path != "-":
             Path(path).write_text(text)
         else:
             sys.stdout.write(text)
-    return status
+    return 1 if failed else 0
+
+
+def _read_inputs(path: str, params: tuple) -> list[np.ndarray]:
+    """Arguments from an .npz file: by parameter name, else positionally (arr_0, arr_1, ...)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as e:
+        raise Error(f"{path}: cannot read the inputs: {e}") from None
+    names = [p.name for p in params]
+    if all(n in arrays for n in names):
+        return [arrays[n] for n in names]
+    positional = [f"arr_{i}" for i in range(len(names))]
+    if all(n in arrays for n in positional):
+        return [arrays[n] for n in positional]
+    missing = [n for n in names if n not in arrays]
+    raise Error(f"{path}: no array for parameter(s) {', '.join('%' + n for n in missing)}; "
+                f"the file has {', '.join(arrays) or 'none'} (save them by parameter name, "
+                f"e.g. np.savez(path, {names[0] if names else 'x'}=...))")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`eqsat run`: compile (or interpret) one function and run it on arrays from an .npz."""
+    import time
+
+    from . import compile as compile_module
+    from . import differentiate, interpret
+
+    try:
+        m = _load(args.file)
+    except Error as e:
+        _report(args.file, e)
+        return 1
+    expanded = differentiate(m)
+    fn = expanded[args.function]
+    inputs = _read_inputs(args.inputs, fn.params) if args.inputs else []
+    t = time.perf_counter()
+    if args.interpret:
+        results = interpret(expanded, args.function, *inputs)
+    else:
+        exe = compile_module(expanded, optimize=not args.no_opt)
+        t = time.perf_counter()
+        results = exe(args.function, *inputs)
+    seconds = time.perf_counter() - t
+    results = results if isinstance(results, tuple) else (results,)
+    for name, r in zip(fn.returns, results):
+        print(f"%{name}: {r.dtype}{list(r.shape)}")
+        print(np.array2string(r, threshold=20, edgeitems=3))
+    print(f"ran @{args.function} in {seconds * 1e3:.3f} ms "
+          f"({'interpreter' if args.interpret else 'compiled'})", file=sys.stderr)
+    if args.output:
+        np.savez(args.output, **{f"result{i}": r for i, r in enumerate(results)})
+    return 0
 
 
 LIMIT_FIELDS = {"iterations": int, "nodes": int, "seconds": float}
@@ -200,6 +253,16 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--report", action="store_true", help="print the optimization report to stderr")
     o.add_argument("--dot", metavar="FILE", help="write Graphviz of the program before and after")
     o.set_defaults(run=cmd_opt)
+    r = sub.add_parser("run", help="run one function of a .eqir file on arrays from an .npz")
+    r.add_argument("file", metavar="FILE", help="a .eqir file, or - for stdin")
+    r.add_argument("function", metavar="FUNC", help="the function to run (without @)")
+    r.add_argument("--inputs", metavar="IN.npz",
+                   help="its arguments, saved by parameter name (np.savez(path, x=..., w=...))")
+    r.add_argument("-o", "--output", metavar="OUT.npz", help="save the results here")
+    r.add_argument("--no-opt", action="store_true", help="compile without optimizing")
+    r.add_argument("--interpret", action="store_true",
+                   help="run the reference interpreter instead of compiled code")
+    r.set_defaults(run=cmd_run)
     return p
 
 

@@ -51,3 +51,36 @@ def test_console_script_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "eqsat.cli", "check", "-q", str(p)],
                        capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == ""
+
+
+def test_run_compiled_and_interpreted(tmp_path, capsys):
+    import numpy as np
+
+    p = tmp_path / "good.eqir"
+    p.write_text(GOOD)
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, x=np.arange(4, dtype=np.float32))
+    out = tmp_path / "out.npz"
+    assert main(["run", str(p), "f", "--inputs", str(inputs), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "%y: float32[4]" in captured.out and "compiled" in captured.err
+    np.testing.assert_array_equal(np.load(out)["result0"], -np.arange(4, dtype=np.float32))
+    assert main(["run", str(p), "f", "--inputs", str(inputs), "--interpret"]) == 0
+    assert "interpreter" in capsys.readouterr().err
+
+
+def test_run_errors(tmp_path, capsys):
+    import numpy as np
+
+    p = tmp_path / "good.eqir"
+    p.write_text(GOOD)
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, z=np.zeros(4, np.float32))
+    assert main(["run", str(p), "f", "--inputs", str(wrong)]) == 1
+    assert "no array for parameter(s) %x" in capsys.readouterr().err
+    shape = tmp_path / "shape.npz"
+    np.savez(shape, x=np.zeros(5, np.float32))
+    assert main(["run", str(p), "f", "--inputs", str(shape)]) == 1
+    assert "must have shape [4]" in capsys.readouterr().err
+    assert main(["run", str(p), "g", "--inputs", str(shape)]) == 1
+    assert "has no function @g" in capsys.readouterr().err
