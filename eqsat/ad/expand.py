@@ -15,16 +15,13 @@ def differentiate(module: Module) -> Module:
     and functions may call them: items are expanded callees first. Functions without
     declarations come back unchanged. Raises VerifyError for gradients that cannot exist.
     """
-    if not getattr(module, "_verified", False):
-        verify(module)
+    verify(module)
     if not module.grad_decls:
         return module
     done: dict[str, Function] = {}
     for item in _dependency_order(module):
         done[item.name] = expand_decl(item, done) if isinstance(item, GradDecl) else item
-    result = verify(module.replace([done[it.name] for it in module.items]))
-    object.__setattr__(result, "_verified", True)
-    return result
+    return verify(module.replace([done[it.name] for it in module.items]))
 
 
 def expand_decl(decl: GradDecl, functions: dict[str, Function]) -> Function:

@@ -248,9 +248,7 @@ def cost_model(target: str | CostModel, cache: str | None = None) -> CostModel:
 
 
 def _expanded(module: Module) -> Module:
-    if not getattr(module, "_verified", False):
-        verify(module)
-        object.__setattr__(module, "_verified", True)
+    verify(module)
     if not module.grad_decls:
         return module
     try:

@@ -84,9 +84,7 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
     clock = _Clock(report, progress)
 
     expanded = differentiate(module)
-    if not getattr(expanded, "_verified", False):
-        verify(expanded)
-        object.__setattr__(expanded, "_verified", True)
+    verify(expanded)
     before = function_costs(expanded, model)
     clock.lap("differentiate")
 
@@ -186,7 +184,6 @@ def _extract_all(module: Module, ser: Serialized, model: CostModel, method: str,
         report.functions = [FunctionResult(f.name, before[f.name], before[f.name], True, "-",
                                            0.0, False, 0) for f in module.functions]
         return module
-    object.__setattr__(out, "_verified", True)
     report.functions = [results[f.name] for f in module.functions]
     return out
 

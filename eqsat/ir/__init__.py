@@ -12,9 +12,7 @@ from .verifier import Signature, decl_signature, signatures, verify
 
 def parse(text: str | bytes, source: str | None = None) -> Module:
     """Parse and verify `.eqir` text; errors are ParseError / VerifyError with line and col."""
-    module = verify(parse_module(text, source))
-    object.__setattr__(module, "_verified", True)
-    return module
+    return verify(parse_module(text, source))
 
 
 __all__ = [

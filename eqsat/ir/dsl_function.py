@@ -96,9 +96,7 @@ class TracedFunction:
     def module(self) -> Module:
         """A verified module of this function and everything it calls."""
         if self._module is None:
-            module = verify(Module.of(self.name, self._items))
-            object.__setattr__(module, "_verified", True)
-            self._module = module
+            self._module = verify(Module.of(self.name, self._items))
         return self._module
 
     @property

@@ -110,9 +110,7 @@ def interpret_function(module: Module, name: str, *args: Any) -> list[np.ndarray
 
 def interpret(module: Module, name: str, *args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
     """Run `name` on numpy arrays: one result as an array, several as a tuple of arrays."""
-    if not getattr(module, "_verified", False):
-        verify(module)
-        object.__setattr__(module, "_verified", True)
+    verify(module)
     fn = _function(module, name)
     params = {p.name for p in fn.params}
     results = interpret_function(module, name, *args)

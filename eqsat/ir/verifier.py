@@ -44,13 +44,19 @@ def decl_signature(decl: GradDecl, of: Signature) -> Signature:
 
 
 def verify(module: Module) -> Module:
-    """Check a module; returns it unchanged or raises a located VerifyError."""
+    """Check a module; returns it unchanged or raises a located VerifyError.
+
+    Modules are immutable, so a module that passed once is remembered and not checked again.
+    """
+    if getattr(module, "_verified", False):
+        return module
     try:
         _Checker(module).run()
     except VerifyError as e:
         if e.line or not _unlocated(module):
             raise
         raise _relocate(module, e) from None
+    object.__setattr__(module, "_verified", True)
     return module
 
 

@@ -98,8 +98,7 @@ class EGraph:
         if module.grad_decls:
             raise BridgeError("the module still has gradient declarations; expand them with "
                               "eqsat.differentiate before loading it into an e-graph")
-        if not getattr(module, "_verified", False):
-            verify(module)
+        verify(module)
         self.module = module
         self.native = bindings.EGraph()
         self.encodings = schema.encodings()
@@ -329,9 +328,7 @@ class _Builder:
     def module(self, name: str | None) -> Module:
         funcs = [self.function(f) for f in self.eg.module.functions]
         m = Module.of(name or self.eg.module.name, funcs)
-        verify(m)
-        object.__setattr__(m, "_verified", True)
-        return m
+        return verify(m)
 
     def function(self, f: Function) -> Function:
         ser, choice = self.ser, self.choices.get(f.name, {})
