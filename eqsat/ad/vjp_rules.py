@@ -64,7 +64,9 @@ def _pow(b: Builder, x: str, y: str, out: str, g: str) -> tuple[str, str]:
     zero = b.const(0.0, y)
     slope = b.mul(y, b.emit("pow", x, b.sub(y, b.const(1.0, y))))
     gx = b.mul(g, b.select(b.emit("eq", y, zero), zero, slope))
-    return gx, b.mul(g, b.mul(b.emit("log", x), out))
+    # d/dy = log(x) * x^y, with log(0) read as log(1) so that 0^y contributes 0, not NaN (JAX)
+    safe_x = b.select(b.emit("eq", x, zero), b.const(1.0, x), x)
+    return gx, b.mul(g, b.mul(b.emit("log", safe_x), out))
 
 
 def _extremum(b: Builder, x: str, y: str, out: str, g: str) -> tuple[str, str]:
