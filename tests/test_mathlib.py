@@ -9,7 +9,7 @@ Bounds stated by these tests, for every function and both dtypes:
   couple of ulp off): at most MAX_ULP_NUMPY ulp, SIGMOID_ULP_NUMPY for sigmoid, whose
   1/(1+e^-x) formula rounds three times;
 - identical classification (NaN, +-inf, sign of zero) on special values.
-sin and cos are held to those bounds for |x| <= ACCURATE_RANGE and only to finiteness beyond.
+sin and cos are held to them over the whole finite range too (their large-argument reduction).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from llvmlite import ir
 
 from eqsat.backend import mathlib, mathlib_fit
 from eqsat.backend.mathlib_jit import kernel
-from eqsat.backend.mathlib_trig import ACCURATE_RANGE
 from eqsat.errors import Error
 
 MAX_ULP_TRUE = 2
@@ -33,6 +32,10 @@ N_RANDOM = 1 << 20
 DTYPES = ["float32", "float64"]
 UNARY = [n for n in mathlib.NAMES if n != "pow"]
 LD = np.longdouble
+# floats whose distance to the nearest multiple of pi/2 is smallest relative to their size
+# (the published worst cases of argument reduction), as exact bit patterns' values
+WORST_REDUCTION = {"float64": [6381956970095103.0 * 2.0**797, 5319372648390827.0 * 2.0**-1020 * 2.0**1020],
+                   "float32": [16367173.0 * 2.0**72, 1.0e22]}
 
 
 def _one(dt: np.dtype) -> np.generic:
@@ -118,31 +121,27 @@ def classify(a: np.ndarray) -> np.ndarray:
 def test_unary_accuracy_over_whole_range(name: str, dt: str) -> None:
     x = random_floats(dt, N_RANDOM if dt == "float32" else N_RANDOM // 2, seed=len(name))
     ours = kernel(name, dt)(x)
-    in_range = np.ones(x.shape, bool)
-    if name in ("sin", "cos"):
-        in_range = ~(np.abs(x) > ACCURATE_RANGE[np.dtype(dt).itemsize * 8])
-        finite = np.isfinite(x) & ~in_range
-        assert np.all(np.abs(ours[finite]) <= 1.0), "beyond the accurate range: still in [-1, 1]"
     with np.errstate(all="ignore"):
         truth = true_value(name, x)
-        d_true = ulp_distance(ours, truth)[in_range]
-        d_np = ulp_distance(ours, NUMPY[name](x))[in_range]
-    np.testing.assert_array_equal(classify(ours[in_range]), classify(truth[in_range]))
+        d_true = ulp_distance(ours, truth)
+        d_np = ulp_distance(ours, NUMPY[name](x))
+    np.testing.assert_array_equal(classify(ours), classify(truth))
     bound_np = SIGMOID_ULP_NUMPY if name == "sigmoid" else MAX_ULP_NUMPY
-    assert d_true.max() <= MAX_ULP_TRUE, f"{name} {dt}: x={x[in_range][np.argmax(d_true)]!r}"
-    assert d_np.max() <= bound_np, f"{name} {dt}: x={x[in_range][np.argmax(d_np)]!r}"
+    assert d_true.max() <= MAX_ULP_TRUE, f"{name} {dt}: x={x[np.argmax(d_true)]!r}"
+    assert d_np.max() <= bound_np, f"{name} {dt}: x={x[np.argmax(d_np)]!r}"
 
 
 @pytest.mark.parametrize("dt", DTYPES)
 @pytest.mark.parametrize("name", ["sin", "cos"])
 def test_trig_next_to_multiples_of_half_pi(name: str, dt: str) -> None:
-    """The reduction's hard cases: floats nearest to k pi/2, and their neighbours, up to the
-    documented range."""
+    """The reduction's hard cases: floats nearest to k pi/2 (up to 2^60 for the Cody-Waite
+    range and its switch to Payne-Hanek), their neighbours, and the floats known to come
+    closest to a multiple of pi/2 in each format."""
     rng = np.random.default_rng(7)
-    limit = ACCURATE_RANGE[np.dtype(dt).itemsize * 8]
-    k = np.round(np.exp(rng.uniform(0, np.log(limit / 1.6), 50_000)))
+    k = np.round(np.exp(rng.uniform(0, np.log(2.0**60), 50_000)))
     near = (k * (LD(np.pi) / 2)).astype(dt)
-    x = np.concatenate([near, np.nextafter(near, np.inf), np.nextafter(near, -np.inf), -near])
+    x = np.concatenate([near, np.nextafter(near, np.inf), np.nextafter(near, -np.inf), -near,
+                        np.array(WORST_REDUCTION[dt], dt)])
     ours = kernel(name, dt)(x)
     assert ulp_distance(ours, true_value(name, x)).max() <= MAX_ULP_TRUE
 
@@ -151,8 +150,6 @@ def test_trig_next_to_multiples_of_half_pi(name: str, dt: str) -> None:
 @pytest.mark.parametrize("name", UNARY)
 def test_unary_special_values(name: str, dt: str) -> None:
     x = special_values(dt)
-    if name in ("sin", "cos"):  # huge finite values are covered by the whole-range test
-        x = x[~(np.abs(x) > ACCURATE_RANGE[np.dtype(dt).itemsize * 8]) | ~np.isfinite(x)]
     ours = kernel(name, dt)(x)
     with np.errstate(all="ignore"):
         ref = NUMPY[name](x)
@@ -212,7 +209,8 @@ def test_loop_vectorizes_without_libm_calls(name: str, dt: str) -> None:
     assert all(c.startswith("llvm.") for c in called), called
     assert not any(c.startswith(("llvm.exp", "llvm.log", "llvm.sin", "llvm.cos", "llvm.pow",
                                  "llvm.tanh")) for c in called), called
-    assert "eqsat." not in text, "the math function was not inlined"
+    ty = ir.FloatType() if dt == "float32" else ir.DoubleType()
+    assert mathlib.function_name(name, ty) not in text, "the math function was not inlined"
 
 
 def test_define_creates_once_per_module() -> None:
@@ -242,22 +240,30 @@ def test_fitted_constants_are_exact() -> None:
     assert hi * 2048 == float(mathlib_fit.Fraction(hi) * 2048) and abs(lo) < 2.0**-40
 
 
-@pytest.mark.parametrize("name", ["exp", "tanh"])
+# name -> sanity bound on (our minimum) / (numpy's minimum). sin and cos pay for the
+# large-argument reduction on every element (branch-free): its two table loads per element are
+# gathers, slow on this machine's Zen 4 (6x to 11x numpy measured, load-dependent); pow f32 still works in f64.
+SPEED_BOUND = {"exp": 3, "tanh": 3, "sin": 15, "cos": 15, "pow": 15}
+
+
+@pytest.mark.parametrize("name", list(SPEED_BOUND))
 def test_speed_against_numpy(name: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Measured, not a benchmark: 4M f32 elements, runs interleaved, medians and minima
     printed. The sanity bound uses minima: on a shared machine a median can be a time slice
     lost to another process."""
-    x = np.random.default_rng(0).uniform(-10, 10, 1 << 22).astype(np.float32)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-10, 10, 1 << 22).astype(np.float32)
+    args = (x,) if name != "pow" else (np.abs(x), rng.uniform(-4, 4, x.size).astype(np.float32))
     k = kernel(name, "float32")
     runs: dict[str, list[float]] = {"ours": [], "numpy": []}
     for _ in range(21):
-        for who, fn in (("ours", k), ("numpy", NUMPY[name])):
+        for who, fn in (("ours", k), ("numpy", NUMPY.get(name, np.power))):
             t0 = time.perf_counter()
-            fn(x)
+            fn(*args)
             runs[who].append((time.perf_counter() - t0) * 1e3)
     med = {w: statistics.median(t) for w, t in runs.items()}
     low = {w: min(t) for w, t in runs.items()}
     with capsys.disabled():
         print(f"\n{name} f32 4M: ours median {med['ours']:.2f} ms (min {low['ours']:.2f}), "
               f"numpy median {med['numpy']:.2f} ms (min {low['numpy']:.2f})")
-    assert low["ours"] < 3 * low["numpy"]
+    assert low["ours"] < SPEED_BOUND[name] * low["numpy"]

@@ -208,3 +208,21 @@ def exp_overflow(bits: int) -> float:
     while LD(x) >= t:
         x = np.nextafter(x, ft(0))
     return float(x)
+
+
+@functools.cache
+def two_over_pi_fixed(frac_bits: int) -> int:
+    """floor(2/pi * 2^frac_bits), from pi computed in integer fixed point with guard bits
+    (the large-argument sin/cos reduction needs about 1,200 bits of 2/pi for f64)."""
+    prec = frac_bits + 64
+
+    def atan_inv(q: int) -> int:  # atan(1/q) * 2^prec, truncated term by term
+        total, k, term = 0, 0, (1 << prec) // q
+        while term:
+            total += term // (2 * k + 1) if k % 2 == 0 else -(term // (2 * k + 1))
+            k += 1
+            term //= q * q
+        return total
+
+    pi_fixed = 16 * atan_inv(5) - 4 * atan_inv(239)  # pi * 2^prec, error a few hundred units
+    return (1 << (frac_bits + 1 + prec)) // pi_fixed

@@ -1,47 +1,177 @@
 """Branch-free sin and cos (f32 and f64), written with `Emit`.
 
-Reduction: n = rint(x 2/pi), r = x - n pi/2 with pi/2 in three f64 parts and fused
-multiply-adds (the first step is exact), so r keeps full relative precision even next to a
-multiple of pi/2. Results (f32 ones computed in f64) hold a few ulp for |x| <= 2^40 (about
-1.1e12; `ACCURATE_RANGE`, checked by the tests). Beyond it n itself is no longer exact; the
-reduced argument is clamped to about [-pi/4, pi/4], so results degrade but stay finite in
-[-1, 1], never NaN.
-Then sin r and cos r by polynomials in r^2, and the quadrant n mod 4 picks and signs one.
+Both reductions below are always computed and a select picks one (no branches, so loops
+vectorize); each yields the quadrant n and the reduced argument r = x - n pi/2 as a pair
+r_hi + r_lo, with |r| about pi/4 at most.
+- Cody-Waite, for |x| < `SMALL_LIMIT`: n = rint(x 2/pi), pi/2 in three parts and fused
+  multiply-adds, the rounding of the last steps carried in r_lo.
+- Payne-Hanek, for larger |x| (up to the largest float): with x = M 2^e, M an integer of the
+  format's precision, only the bits of 2/pi from about 2^-e on matter for x 2/pi modulo 4. A
+  constant table holds them per exponent in four chunks of the format's width; M times each
+  chunk is exact as a two-product, integers are dropped along the way, and the remaining
+  fraction (several times the precision of the format) is multiplied by pi/2 in double-double.
+Then sin r and cos r by polynomials in r^2 (with r_lo's first-order term), and n mod 4 picks
+and signs one. f32 works in f32 throughout; results are within 2 ulp of the correctly rounded
+value over the whole finite range (tests/test_mathlib.py).
 """
 
 from __future__ import annotations
+
+import functools
 
 from llvmlite import ir
 
 from eqsat.backend import mathlib_fit as fit
 from eqsat.backend.mathlib_emit import Emit, Value
 
-# float bits -> |x| below which results stay within the tests' ulp bound
-ACCURATE_RANGE = {32: 2.0**40, 64: 2.0**40}
+NAN = float("nan")
+INF = float("inf")
+# float bits -> |x| below which the Cody-Waite reduction is used
+SMALL_LIMIT = {32: 2.0**12, 64: 2.0**30}
 _R_MAX = 0.7856  # pi/4 plus the slack of rounding n; the polynomials are fitted this far
 
 
-def _sin_cos_reduced(e: Emit, x: Value, coef_bits: int, want_cos: bool) -> Value:
-    """sin x or cos x in the arithmetic of `e` (f64), polynomials fitted for `coef_bits`."""
-    pio2 = fit.split(fit.pi() / 2, 53, 3)
-    two_over_pi = float(fit.round_bits(2 / fit.pi(), 53))
+# float bits -> widths of the chunks of 2/pi per exponent (their sum: bits of (2^e' 2/pi) mod 4
+# kept); f32 keeps two f64 chunks, the first narrow enough that M times it is exact in f64
+_WIDTHS = {64: (53, 53, 53, 53), 32: (29, 53)}
+
+
+@functools.cache
+def _chunk_table(bits: int) -> list[float]:
+    """Per unbiased exponent e in [0, bias], floats (f64 for both formats; each exact in the
+    format that uses it) whose sum is (2^(e - mant) 2/pi) mod 4 to its last bit, rounded."""
+    mant, bias = (52, 1023) if bits == 64 else (23, 127)
+    widths = _WIDTHS[bits]
+    k = sum(widths) - 2  # fraction bits kept
+    frac_bits = bias - mant + k + 64
+    t = fit.two_over_pi_fixed(frac_bits)
+    out: list[float] = []
+    for e in range(bias + 1):
+        shift = frac_bits - (e - mant) - k
+        g = ((t + (1 << (shift - 1))) >> shift) & ((1 << (k + 2)) - 1)  # G_e * 2^k, rounded
+        low = k + 2
+        for w in widths:
+            low -= w
+            chunk = (g >> low) & ((1 << w) - 1)
+            out.append(float(fit.Fraction(chunk) * fit.Fraction(2) ** (low - k)))
+    return out
+
+
+def _table(e: Emit) -> ir.GlobalVariable:
+    module = e.b.module
+    name = f"eqsat.trig.two_over_pi.f{e.bits}"
+    g = module.globals.get(name)
+    if g is None:
+        values = _chunk_table(e.bits)
+        arr = ir.ArrayType(ir.DoubleType(), len(values))
+        g = ir.GlobalVariable(module, arr, name)
+        g.global_constant = True
+        g.linkage = "internal"
+        g.initializer = ir.Constant(arr, [ir.Constant(ir.DoubleType(), v) for v in values])
+    return g
+
+
+def _chunks(e: Emit, ax: Value, table_emit: Emit) -> tuple[list[Value], Value]:
+    """The table's chunks for |x|'s exponent, and M, |x|'s significand as an integer-valued
+    float of the table's type."""
+    widths = _WIDTHS[e.bits]
+    bits = e.to_bits(ax)
+    ex = e.b.sub(e.b.lshr(bits, e.ci(e.mant)), e.ci(e.bias))
+    ex = e.b.select(e.b.icmp_signed("<", ex, e.ci(0)), e.ci(0), ex)
+    ex = e.b.select(e.b.icmp_signed(">", ex, e.ci(e.bias)), e.ci(e.bias), ex)
+    idx = e.b.mul(ex, e.ci(len(widths)))
+    table = _table(e)
+    zero = ir.Constant(ir.IntType(32), 0)
+    chunks = [e.b.load(e.b.gep(table, [zero, e.b.add(idx, e.ci(j))], inbounds=True))
+              for j in range(len(widths))]
+    m_bits = e.b.or_(e.b.and_(bits, e.ci((1 << e.mant) - 1)), e.ci((e.bias + e.mant) << e.mant))
+    m = e.from_bits(m_bits)
+    if e.bits == 32:
+        m = e.widen(m, table_emit.ty)
+    return chunks, m
+
+
+def _reduce_large_f32(e: Emit, x: Value) -> tuple[Value, Value, Value]:
+    """Payne-Hanek for f32, in f64: two chunks carry 80 fraction bits of (2^e' 2/pi) mod 4."""
+    d = e.at(ir.DoubleType())
+    (c0, c1), m = _chunks(e, e.fabs(x), d)
+    p0 = d.mul(m, c0)  # exact: 24 + 29 bits
+    h = d.sub(p0, d.mul(d.floor(d.mul(p0, 0.25)), 4.0))
+    k0 = d.rint(h)
+    s = d.fma(m, c1, d.sub(h, k0))  # exact when the result is tiny, else off 2^-53 relatively
+    k1 = d.rint(s)
+    r = d.mul(d.sub(s, k1), float(fit.pi() / 2))
+    r_hi = e.narrow(r, e.ty)
+    r_lo = e.narrow(d.sub(r, e.widen(r_hi, d.ty)), e.ty)
+    n = e.narrow(d.add(k0, k1), e.ty)
+    neg = e.lt(x, 0.0)
+    return (e.sel(neg, e.neg(n), n), e.sel(neg, e.neg(r_hi), r_hi), e.sel(neg, e.neg(r_lo), r_lo))
+
+
+def _reduce_large(e: Emit, x: Value) -> tuple[Value, Value, Value]:
+    """Payne-Hanek: (n, r_hi, r_lo) for finite |x| >= SMALL_LIMIT (garbage elsewhere)."""
+    if e.bits == 32:
+        return _reduce_large_f32(e, x)
+    chunks, m = _chunks(e, e.fabs(x), e)
+    p0, q0 = e.two_prod(m, chunks[0])
+    p1, q1 = e.two_prod(m, chunks[1])
+    p2, q2 = e.two_prod(m, chunks[2])
+    p3 = e.mul(m, chunks[3])
+    # exact steps: drop multiples of 4 from p0, then nearest integers from the three big terms
+    h = e.sub(p0, e.mul(e.floor(e.mul(p0, 0.25)), 4.0))
+    k0, k1, k2 = e.rint(h), e.rint(q0), e.rint(p1)
+    s0 = e.add(e.sub(h, k0), e.sub(q0, k1))  # |s0| <= 1 on a grid of the chunk's ulp: exact
+    p1f = e.sub(p1, k2)
+    k3 = e.rint(e.add(s0, p1f))
+    s, e1 = e.two_sum(e.sub(s0, k3), p1f)  # cancels exactly when r is tiny, so e1 = 0 there
+    u, ue = e.two_sum(q1, p2)
+    a, ae = e.two_sum(s, u)
+    lo = e.add(ae, e.add(e1, e.add(ue, e.add(q2, p3))))
+    f_hi, f_lo = e.fast_two_sum(a, lo)  # x 2/pi - n, in quarter turns
+    sig = 53 if e.bits == 64 else 24
+    c_hi, c_lo = fit.split(fit.pi() / 2, sig, 2)
+    r_hi = e.mul(f_hi, c_hi)
+    r_lo = e.fma(f_hi, c_lo, e.fma(f_lo, c_hi, e.fma(f_hi, c_hi, e.neg(r_hi))))
+    n = e.add(e.add(k0, k1), e.add(k2, k3))
+    neg = e.lt(x, 0.0)
+    return (e.sel(neg, e.neg(n), n), e.sel(neg, e.neg(r_hi), r_hi), e.sel(neg, e.neg(r_lo), r_lo))
+
+
+def _reduce_small(e: Emit, x: Value) -> tuple[Value, Value, Value]:
+    """Cody-Waite: (n, r_hi, r_lo) for |x| < SMALL_LIMIT."""
+    sig = 53 if e.bits == 64 else 24
+    p1, p2, p3 = fit.split(fit.pi() / 2, sig, 3)
+    two_over_pi = float(fit.round_bits(2 / fit.pi(), sig))
     n = e.rint(e.mul(x, two_over_pi))
-    r = x
-    for part in pio2:
-        r = e.fma(e.neg(n), part, r)
-    r = e.sel(e.eq(n, 0.0), x, r)  # x - 0 pi/2 would turn -0 into +0
+    a = e.fma(e.neg(n), p1, x)  # exact: n p1 is within a few ulp of x
+    if e.bits == 64:  # n < 2^30 leaves r accurate enough in one float
+        r = e.fma(e.neg(n), p3, e.fma(e.neg(n), p2, a))
+        return n, e.sel(e.eq(n, 0.0), x, r), e.c(0.0)  # keeps sin(-0) = -0
+    b_hi, b_lo = e.two_prod(n, p2)
+    r_hi, r_err = e.two_sum(a, e.neg(b_hi))
+    r_lo = e.sub(r_err, e.fma(n, p3, b_lo))
+    return n, e.sel(e.eq(n, 0.0), x, r_hi), r_lo
+
+
+def _sin_cos(e: Emit, x: Value, want_cos: bool) -> Value:
+    ns, rs, ls = _reduce_small(e, x)
+    nl, rl, ll = _reduce_large(e, x)
+    small = e.lt(e.fabs(x), SMALL_LIMIT[e.bits])
+    n, r, r_lo = e.sel(small, ns, nl), e.sel(small, rs, rl), e.sel(small, ls, ll)
     r = e.sel(e.gt(r, _R_MAX), _R_MAX, r)
     r = e.sel(e.lt(r, -_R_MAX), -_R_MAX, r)
     q = e.sub(n, e.mul(e.floor(e.mul(n, 0.25)), 4.0))  # n mod 4, exact, in {0, 1, 2, 3}
     z = e.mul(r, r)
     ar = e.fabs(r)
-    # r + r^3 S(z) on |r|, signed last so that sin(-0) = -0
-    sin_r = e.copysign(e.fma(e.mul(ar, z), e.horner(z, fit.coefficients("sin", coef_bits)), ar), r)
-    # 1 - z/2 + z^2 C(z), with the rounding error of 1 - z/2 added back
     hz = e.mul(z, 0.5)
+    # r + r^3 S(z) + r_lo (1 - z/2) on |r|, signed last so that sin(-0) = -0
+    lo_abs = e.sel(e.lt(r, 0.0), e.neg(r_lo), r_lo)
+    tail = e.fma(e.mul(ar, z), e.horner(z, fit.coefficients("sin", e.bits)), e.fma(e.neg(lo_abs), hz, lo_abs))
+    sin_r = e.copysign(e.add(ar, tail), r)
+    # 1 - z/2 + z^2 C(z) - r r_lo, with the rounding error of 1 - z/2 added back
     w = e.sub(1.0, hz)
-    corr = e.sub(e.sub(1.0, w), hz)
-    cos_r = e.add(w, e.fma(e.mul(z, z), e.horner(z, fit.coefficients("cos", coef_bits)), corr))
+    corr = e.fma(e.neg(r), r_lo, e.sub(e.sub(1.0, w), hz))
+    cos_r = e.add(w, e.fma(e.mul(z, z), e.horner(z, fit.coefficients("cos", e.bits)), corr))
     odd = e.or_(e.eq(q, 1.0), e.eq(q, 3.0))
     if want_cos:
         val = e.sel(odd, sin_r, cos_r)
@@ -49,21 +179,15 @@ def _sin_cos_reduced(e: Emit, x: Value, coef_bits: int, want_cos: bool) -> Value
     else:
         val = e.sel(odd, cos_r, sin_r)
         negate = e.ge(q, 2.0)
-    return e.sel(negate, e.neg(val), val)
-
-
-def _trig(e: Emit, x: Value, want_cos: bool) -> Value:
-    if e.bits == 64:
-        return _sin_cos_reduced(e, x, 64, want_cos)
-    d = e.at(ir.DoubleType())
-    return e.narrow(_sin_cos_reduced(d, e.widen(x, d.ty), 32, want_cos), e.ty)
+    res = e.sel(negate, e.neg(val), val)
+    return e.sel(e.or_(e.isnan(x), e.eq(e.fabs(x), INF)), NAN, res)
 
 
 def sin(e: Emit, x: Value) -> Value:
     """sin x."""
-    return _trig(e, x, want_cos=False)
+    return _sin_cos(e, x, want_cos=False)
 
 
 def cos(e: Emit, x: Value) -> Value:
     """cos x."""
-    return _trig(e, x, want_cos=True)
+    return _sin_cos(e, x, want_cos=True)
