@@ -13,7 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import eqsat
 import eqsat.extract as ex
+from eqsat import f32
 from eqsat import interpret
 from eqsat.extract import optimize, optimize_with_report
 from eqsat.extract.cost import CUDA, work
@@ -309,3 +311,50 @@ def test_examples_fuse_in_seconds(example):
     assert sum(kernels(out, f.name) for f in before.functions) < sum(
         kernels(before, f.name) for f in before.functions)
     assert any(s.op in FUSED for f in out.functions for s in f.body)
+
+
+# ---------------------------------------------------------------- time limits hold
+
+
+def _attention() -> Module:
+    """Multi-head attention + layer norm + gelu loss with its gradient: the fusion pass's
+    heaviest workload (thousands of candidate kernels per round without a limit)."""
+    @eqsat.function
+    def attn(x: f32[2, 16, 32], wq: f32[32, 32], wk: f32[32, 32], wv: f32[32, 32]):
+        q = (x @ wq).reshape(2, 16, 4, 8).transpose((0, 2, 1, 3))
+        k = (x @ wk).reshape(2, 16, 4, 8).transpose((0, 2, 3, 1))
+        v = (x @ wv).reshape(2, 16, 4, 8).transpose((0, 2, 1, 3))
+        a = eqsat.softmax(q @ k / np.sqrt(8.0), axis=-1)
+        o = (a @ v).transpose((0, 2, 1, 3)).reshape(2, 16, 32)
+        return eqsat.layer_norm(o + x)
+
+    @eqsat.function
+    def loss(x: f32[2, 16, 32], wq: f32[32, 32], wk: f32[32, 32], wv: f32[32, 32]):
+        return eqsat.sum(eqsat.gelu(attn(x, wq, wk, wv)) ** 2)
+
+    return eqsat.differentiate(eqsat.Module(attn, loss, eqsat.grad(loss, wrt=("wq", "wk", "wv"))))
+
+
+@pytest.mark.parametrize("seconds", [0.3, 1.0])
+def test_saturation_keeps_its_time_limit_on_attention(seconds):
+    m = _attention()
+    t0 = time.perf_counter()
+    _, report = saturate(m, default(), Limits(seconds=seconds))
+    wall = time.perf_counter() - t0
+    assert wall <= 1.2 * seconds + 0.2, (wall, str(report))
+    assert report.stop_reason in ("time limit", "saturated")
+
+
+def test_optimize_under_a_small_time_limit_is_valid_and_not_costlier():
+    m = _attention()
+    out, report = optimize_with_report(m, limits=Limits(seconds=0.5))
+    assert report.seconds["saturate"] <= 1.2 * 0.5 + 0.2
+    assert ex.module_cost(out) <= ex.module_cost(m)
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) * 0.3
+            for s in [(2, 16, 32), (32, 32), (32, 32), (32, 32)]]
+    for name in ("attn", "loss_grad"):
+        want, got = interpret(m, name, *args), interpret(out, name, *args)
+        for w, g in zip(want if isinstance(want, tuple) else (want,),
+                        got if isinstance(got, tuple) else (got,)):
+            np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)

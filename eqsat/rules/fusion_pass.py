@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -38,10 +40,11 @@ from . import schema
 from .bridge import EGraph, ENode, Serialized, _list, const_term
 from .lang import RuleSet
 
-MAX_BODY_OPS = 24
+MAX_BODY_OPS = 16  # 24 cost 2x the saturation time on attention, for a costlier result
 MAX_OPERANDS = 8
-MAX_FORMS = 3  # per e-class, the largest map kernels used as consumers and as producers
+MAX_FORMS = 2  # per e-class, the largest map kernels used as consumers and as producers
 MAX_NEW = 5000  # new terms per run, at most
+CHUNK = 64  # egglog commands per program
 
 RULES = ("fuse_canonical", "fuse_producer", "fuse_broadcast", "fuse_constant", "fuse_reduce",
          "fuse_epilogue")
@@ -84,6 +87,8 @@ def canonical(operands: tuple[str, ...], body: Expr, fixed: int = 0) -> Kernel:
             mapping[e.index] = Arg(index[c])
         elif isinstance(e, App):
             stack.extend(reversed(e.args))
+    if tuple(order) == operands and all(a.index == i for i, a in mapping.items()):
+        return Kernel(operands, body)  # already canonical: substituting would rebuild it
     return Kernel(tuple(order), substitute(body, mapping))
 
 
@@ -107,6 +112,8 @@ class _Graph:
         self.elementwise = body_op_names()
         self.existing = {(n.eclass, n.op, n.attrs, n.children) for n in ser.nodes.values()}
         self._all: dict[str, list[tuple[frozenset[str], int]]] = {}
+        self._through: dict[str, Expr | str] = {}
+        self._normal: dict[tuple, tuple[Kernel, str]] = {}
 
     def nodes(self, c: str) -> Iterator[ENode]:
         for nid in self.ser.classes.get(c, ()):
@@ -142,6 +149,11 @@ class _Graph:
     def through(self, c: str) -> Expr | str:
         """A constant operand's literal, or the smallest value a broadcast operand reads, or
         the class itself."""
+        if c not in self._through:
+            self._through[c] = self._read_through(c)
+        return self._through[c]
+
+    def _read_through(self, c: str) -> Expr | str:
         best = c
         for n in self.nodes(c):
             if n.op == "const":
@@ -156,6 +168,12 @@ class _Graph:
         """The canonical kernel with constants inlined and broadcasts read through (both
         always pay: fewer bytes read, nothing recomputed); `keep` is a map_reduce's index
         space, which must not shrink. Also names the rule that changed it most."""
+        key = (k, keep)
+        if key not in self._normal:
+            self._normal[key] = self._normalize(k, keep)
+        return self._normal[key]
+
+    def _normalize(self, k: Kernel, keep: tuple[int, ...] | None) -> tuple[Kernel, str]:
         rule = ""
         for _ in range(MAX_OPERANDS * 4):
             mapping: dict[int, Expr] = {}
@@ -175,7 +193,7 @@ class _Graph:
                     rule = "fuse_broadcast"
             if not mapping and ops == list(k.operands):
                 break
-            k = Kernel(tuple(ops), substitute(k.body, mapping))
+            k = Kernel(tuple(ops), substitute(k.body, mapping) if mapping else k.body)
         return canonical(k.operands, k.body), rule
 
     def producers(self, c: str) -> Iterator[Kernel]:
@@ -224,34 +242,57 @@ class FusionPass:
     def __init__(self, family: frozenset[str]):
         self.family = family  # the names of the fusion family's egglog rules
         self.lets = 0
+        self._overhead = 0.0
 
     def enabled(self, rules: RuleSet) -> bool:
         """Runs with any rule set that holds a rule of the fusion family."""
         return bool(self.family & set(rules.names()))
 
-    def run(self, eg: EGraph, budget: int) -> dict[str, int]:
-        """Add the fusions of the current e-graph not yet in it; returns new terms per rule."""
+    def run(self, eg: EGraph, budget: int, deadline: float = math.inf) -> dict[str, int]:
+        """Add the fusions of the current e-graph not yet in it, stopping at `deadline` (a
+        `time.perf_counter` value); returns new terms per rule."""
         counts = dict.fromkeys(RULES, 0)
-        if budget <= 0:
+        self._overhead = 0.0
+        if budget <= 0 or time.perf_counter() >= deadline:
             return counts
+        t0 = time.perf_counter()
         eg.run(_ANALYSIS)  # terms of the last round get their types first
         g = _Graph(eg.serialize())
+        self._overhead = time.perf_counter() - t0
         found: dict[tuple, Candidate] = {}
-        limit = min(MAX_NEW, budget)
+        limit, size = min(MAX_NEW, budget), 0
         # combinations tried before (per e-graph): e-class ids are stable until classes merge
         seen = eg.__dict__.setdefault("_fusion_seen", set())
+        # candidates stop early enough that adding those found still ends by the deadline
+        per_line = eg.__dict__.get("_fusion_line_seconds", 1e-3)
         for cand in self._candidates(g, seen):
             key = (cand.eclass, cand.op, cand.attrs, cand.operands)
             if key in g.existing or key in found:
                 continue
             found[key] = cand
-            if sum(1 + len(c.operands) for c in found.values()) >= limit:
+            size += 1 + len(cand.operands)
+            if size >= limit or time.perf_counter() + 2 * per_line * len(found) >= deadline:
                 break
-        if found:
-            eg.run(self._program(eg, g, list(found.values())))
-        for cand in found.values():
+        if not found:
+            return counts
+        # egglog parses and runs one program in time quadratic in its length: feed it in short
+        # chunks (each `let` precedes its uses, so every prefix is sound and may stop early)
+        t1 = time.perf_counter()
+        lines, unions = self._program(eg, g, list(found.values()))
+        done = 0
+        for i in range(0, len(lines), CHUNK):
+            if time.perf_counter() >= deadline:
+                break
+            eg.run("\n".join(lines[i:i + CHUNK]))
+            done = i + CHUNK
+        eg.__dict__["_fusion_line_seconds"] = (time.perf_counter() - t1) / max(1, min(done, len(lines)))
+        for cand in unions[:max(0, done - (len(lines) - len(unions)))]:
             counts[cand.rule] += 1
         return counts
+
+    def overhead(self) -> float:
+        """Seconds its last run spent before it could stop (typing and serializing the graph)."""
+        return self._overhead
 
     # -------------------------------------------------------------- what to add
 
@@ -279,9 +320,9 @@ class FusionPass:
         ins = g.typed(k.operands)
         if not _small(k) or ins is None or not all(broadcastable(x.shape, t.shape) for x in ins):
             return None
-        if not _infers("map", ins, {"body": k.body}, t):
+        if g.dominated(c, k):  # cheaper than typing the body: first
             return None
-        if g.dominated(c, k):
+        if not _infers("map", ins, {"body": k.body}, t):
             return None
         return Candidate(c, "map", k.operands, (("body", k.body),), normal or rule)
 
@@ -380,9 +421,12 @@ class FusionPass:
 
     # -------------------------------------------------------------- egglog program
 
-    def _program(self, eg: EGraph, g: _Graph, cands: list[Candidate]) -> str:
+    def _program(self, eg: EGraph, g: _Graph, cands: list[Candidate]
+                 ) -> tuple[list[str], list[Candidate]]:
+        """The egglog commands adding `cands` (the `let`s they need, then one `union` each),
+        and the candidates in the order of their unions."""
         refs = _Refs(self, eg, g)
-        lines = []
+        lines, done = [], []
         for cand in cands:
             target = refs.ref(cand.eclass)
             args = [refs.ref(o) for o in cand.operands]
@@ -391,7 +435,8 @@ class FusionPass:
             env = dict(zip(cand.operands, args))
             stmt = Stmt(("_",), cand.op, cand.operands, cand.attrs, (g.types[cand.eclass],))
             lines.append(f"(union {target} {eg._stmt_term(stmt, 0, env)})")
-        return "\n".join(refs.lines + lines)
+            done.append(cand)
+        return refs.lines + lines, done
 
 
 class _Refs:

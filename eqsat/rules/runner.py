@@ -2,13 +2,16 @@
 
 egglog has no node limit and a running `run` cannot be interrupted, so each round is a single
 rewrite iteration (after the analysis rules have run to a fixpoint), and the limits are checked
-between rounds. Before a round starts the runner also predicts its size and duration from the
-growth of the last round; a round that would overshoot the node or time limit by more than its
-own size is not started (stop reason "node limit" / "time limit" with `predicted=True`).
+between rounds. Before a round starts the runner also predicts its size and the duration of
+its uninterruptible part (the egglog run, a pass's snapshot of the e-graph) from the last round;
+a round that would overshoot the node limit by more than its own size, or land past the time
+limit, is not started (stop reason "node limit" / "time limit" with `predicted=True`). Python
+passes get the deadline and stop adding terms when it comes.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from collections import Counter
@@ -31,8 +34,13 @@ class Pass(Protocol):
         """Whether `rules` asks for this pass (e.g. it holds the pass's family)."""
         ...
 
-    def run(self, eg: EGraph, budget: int) -> dict[str, int]:
-        """Add at most about `budget` e-nodes; returns the new terms per rule name."""
+    def run(self, eg: EGraph, budget: int, deadline: float = math.inf) -> dict[str, int]:
+        """Add at most about `budget` e-nodes, stopping at `deadline` (a `time.perf_counter`
+        value); returns the new terms per rule name."""
+        ...
+
+    def overhead(self) -> float:
+        """Seconds of its last run that it could not interrupt (snapshotting the e-graph)."""
         ...
 
 
@@ -58,7 +66,7 @@ class Limits:
 
     iterations: int = 30
     nodes: int = 50_000
-    seconds: float = 10.0
+    seconds: float = 5.0
 
 
 @dataclass
@@ -114,17 +122,19 @@ def _matches(outputs: list) -> tuple[dict[str, int], bool]:
 
 
 def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
-                    progress: bool = False) -> Report:
-    """Add `rules` to a loaded e-graph and run them within `limits`; returns the report."""
+                    progress: bool = False, start: float | None = None) -> Report:
+    """Add `rules` to a loaded e-graph and run them within `limits` (the time limit counted
+    from `start`, a `time.perf_counter` value, by default now); returns the report."""
     limits = limits or Limits()
-    start = time.perf_counter()
+    start = time.perf_counter() if start is None else start
     eg.run(compile_ruleset(rules))
     passes = [p for p in PASSES if p.enabled(rules)]
     names = set(rules.names()).union(*(p.rule_names for p in passes))
     first, _ = _matches(eg.run(_ANALYSIS))
     report = Report(SATURATED, initial_nodes=eg.size())
     report.fired.update({k: v for k, v in first.items() if k in names})
-    last_nodes, last_growth, last_seconds = report.initial_nodes, 1.0, 0.0
+    last_nodes, last_growth, last_fixed = report.initial_nodes, 1.0, 0.0
+    deadline = start + limits.seconds
     while True:
         elapsed = time.perf_counter() - start
         if len(report.rounds) >= limits.iterations:
@@ -140,13 +150,16 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
         if report.rounds and last_nodes * last_growth > 2 * limits.nodes:
             report.stop_reason, report.predicted = NODE_LIMIT, True
             break
-        if report.rounds and elapsed + last_seconds * last_growth > 1.5 * limits.seconds:
+        # Only the egglog run and the passes' snapshots cannot stop at the deadline.
+        if report.rounds and elapsed + last_fixed * last_growth > limits.seconds:
             report.stop_reason, report.predicted = TIME_LIMIT, True
             break
         t0 = time.perf_counter()
         matches, updated = _matches(eg.run(_ROUND))
+        last_fixed = time.perf_counter() - t0
         for p in passes:
-            added = p.run(eg, max(0, limits.nodes - eg.size()))
+            added = p.run(eg, max(0, limits.nodes - eg.size()), deadline)
+            last_fixed += p.overhead()
             updated = updated or any(added.values())
             for k, v in added.items():
                 matches[k] = matches.get(k, 0) + v
@@ -156,11 +169,14 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
         report.rounds.append(Round(nodes, seconds, fired))
         report.fired.update(fired)
         last_growth = max(1.0, nodes / max(last_nodes, 1))
-        last_nodes, last_seconds = nodes, seconds
+        last_nodes = nodes
         if progress:
             print(f"eqsat: round {len(report.rounds)}: {nodes} e-nodes, {seconds:.3f}s, "
                   f"{sum(fired.values())} matches", file=sys.stderr)
         if not updated:
+            # a pass cut short by the deadline adds nothing: that is no fixpoint
+            if time.perf_counter() >= deadline:
+                report.stop_reason = TIME_LIMIT
             break
     eg.run(_ANALYSIS)  # nodes made by the last round get their types before extraction
     report.seconds = time.perf_counter() - start
@@ -176,5 +192,6 @@ def saturate(module: Module, rules: RuleSet, limits: Limits | None = None,
     Returns the e-graph handle (serialize it, or `build` a module from chosen nodes) and the
     run report.
     """
+    start = time.perf_counter()  # loading counts against the time limit too
     eg = load(module)
-    return eg, saturate_egraph(eg, rules, limits, progress)
+    return eg, saturate_egraph(eg, rules, limits, progress, start)
