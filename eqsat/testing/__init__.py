@@ -19,6 +19,6 @@ from .strategies import (default_ops, functions, has_generator, inputs, missing_
                          modules, types)
 
 __all__ = [
-    "GENERATORS", "Builder", "Generator", "assert_equivalent", "default_ops", "functions", "has_generator", "inputs",
-    "missing_generators", "modules", "types",
+    "GENERATORS", "Builder", "Generator", "assert_equivalent", "default_ops", "functions",
+    "has_generator", "inputs", "missing_generators", "modules", "types",
 ]

@@ -176,7 +176,8 @@ def _derive(b: Builder, op: str, t: TensorType, fits: Accept) -> str | None:
 
 
 def _from_broadcast(b: Builder, t: TensorType) -> str | None:
-    src = _derive(b, "broadcast", t, lambda u: u.dtype == t.dtype and broadcastable(u.shape, t.shape))
+    src = _derive(b, "broadcast", t,
+                  lambda u: u.dtype == t.dtype and broadcastable(u.shape, t.shape))
     return None if src is None else b.emit("broadcast", (src,), {}, t)
 
 
