@@ -113,6 +113,17 @@ func @f(%x: f32[256,512], %y: f32[256,512], %b: f32[512], %w: f32[512,96], %v: f
 """
 
 
+def test_degenerate_transposes_assemble(tmp_path):
+    # rank 0 and size-1 axes: nothing moves, so no tiles (found by the random-program test)
+    m = one("""func @f(%x: f32[], %y: f32[1,5], %z: f32[0,3]) -> (f32[], f32[5,1], f32[3,0]) {
+  %a = transpose %x, perm=[] : f32[]
+  %b = transpose %y, perm=[1,0] : f32[5,1]
+  %c = transpose %z, perm=[1,0] : f32[3,0]
+  return %a, %b, %c
+}""")
+    assemble(cuda.emit_ptx(m), tmp_path)
+
+
 @pytest.fixture(scope="module")
 def shapes_module():
     return one(SHAPES)

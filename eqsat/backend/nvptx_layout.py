@@ -63,9 +63,9 @@ def transpose(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> GpuKe
     out = s.type
     # Axes of length 1 do not move anything; only a real move of the innermost axis needs tiles.
     dims = collapse(out.shape, [row_major_strides(out.shape), in_strides])
-    batch = out.size // (x.shape[-1] * x.shape[perm[-1]]) if out.size else 0
-    if len(dims) < 2 or dims[-1][1][1] == 1 or out.size == 0 or batch > MAX_GRID_YZ \
-            or -(-x.shape[perm[-1]] // TILE) > MAX_GRID_YZ:
+    moves_inner = len(dims) >= 2 and dims[-1][1][1] != 1 and out.size > 0
+    batch = out.size // (x.shape[-1] * x.shape[perm[-1]]) if moves_inner else 0
+    if not moves_inner or batch > MAX_GRID_YZ or -(-x.shape[perm[-1]] // TILE) > MAX_GRID_YZ:
         return pointwise(kb, "transpose", out, ins, [whole(out, ins, [0], [in_strides])],
                          _identity)
     return _tiled_transpose(kb, x, perm, out)
