@@ -4,13 +4,16 @@ assertions: the benchmarks in bench/ measure speed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import eqsat
-from eqsat.backend import chunks, compile_module, cpu, parallel
+from eqsat.backend import chunks, compile_module, cpu, entry, parallel
 from eqsat.backend.cpu import lower
 from eqsat.ir import parse
 
@@ -155,3 +158,173 @@ def test_random_row_shapes(fresh, monkeypatch, r: int, c: int, threads: int, chu
     rng = np.random.default_rng(r * 100 + c)
     check(layernorm_core_text(r, c), rng.standard_normal((r, c)) + 3, rng.standard_normal(c),
           rtol=1e-9)
+
+
+def softmax_opt_text(r: int, c: int, dtype: str = "f32", out: str = "") -> str:
+    """The optimizer's softmax: exp(x - m) both summed and divided (reuse.py shares it)."""
+    t, red, kd = f"{dtype}[{r},{c}]", f"{dtype}[{r}]", f"{dtype}[{r},1]"
+    return f"""module @m
+func @f(%x: {t}) -> {t} {{
+  %m = max %x, axes=[1] : {red}
+  %m1 = reshape %m : {kd}
+  %s = map_reduce %x, %m1, body=exp(sub($0, $1)), reduce=sum, axes=[1] : {red}
+  %s1 = reshape %s : {kd}
+  %y = map %x, %m1, %s1, body=div(exp(sub($0, $1)), $2) : {t}
+  {out or "return %y"}
+}}
+"""
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_reduction_shares_its_elements_with_the_map(fresh, threads: int) -> None:
+    fresh(threads, 0)
+    rng = np.random.default_rng(5)
+    for r, c in [(1, 1), (3, 17), (129, 1031)]:
+        for dtype in ("f32", "f64"):
+            x = (rng.standard_normal((r, c)) * 10).astype(dtype.replace("f", "float"))
+            text = check(softmax_opt_text(r, c, dtype), x)
+            assert "map_reduce_keeping" in text and "map_reduce\"" not in text
+            assert text.count("@\"eqsat.exp.") <= 2  # the definition and one call
+
+
+def test_sharing_into_an_arena_buffer(fresh) -> None:
+    """The map's result lives in the arena (then is used again): still correct."""
+    fresh(2, 0)
+    x = np.random.default_rng(6).standard_normal((300, 300))
+    text = softmax_opt_text(300, 300, "f64", out="%z = add %y, %x : f64[300,300]\n  return %z")
+    assert "map_reduce_keeping" in check(text, x, rtol=1e-9)
+
+
+def test_no_sharing_when_the_map_has_another_shape(fresh) -> None:
+    fresh(1, 1 << 22)
+    text = """module @m
+func @f(%x: f32[8,5], %v: f32[5]) -> f32[5] {
+  %s = map_reduce %x, %v, body=exp(sub($0, $1)), reduce=sum, axes=[0] : f32[5]
+  %y = map %v, %s, body=add(exp(sub($0, $1)), $1) : f32[5]
+  return %y
+}
+"""
+    rng = np.random.default_rng(7)
+    ir_text = check(text, rng.standard_normal((8, 5)).astype(np.float32),
+                    rng.standard_normal(5).astype(np.float32))
+    assert "map_reduce_keeping" not in ir_text
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_streamed_results(fresh, monkeypatch, threads: int) -> None:
+    """Large results of memory-bound kernels go out through a tile and non-temporal stores:
+    odd row lengths, unaligned heads and tails, flat lengths with and without a tile divisor."""
+    fresh(threads, 0)
+    monkeypatch.setattr(entry, "STREAM_MIN", 1)
+    rng = np.random.default_rng(8)
+    for r, c in [(1, 1), (3, 7), (5, 4099), (64, 4096), (2, 8192), (1, 8191)]:
+        for dtype in ("f32", "f64"):
+            t = f"{dtype}[{r},{c}]"
+            text = f"""module @m
+func @f(%x: {t}, %g: {dtype}[{c}]) -> ({t}, {t}) {{
+  %y = map %x, %g, body=add(mul($0, $1), 1.5) : {t}
+  %z = add %x, %x : {t}
+  return %y, %z
+}}
+"""
+            x = rng.standard_normal((r, c)).astype(dtype.replace("f", "float"))
+            g = rng.standard_normal(c).astype(x.dtype)
+            ir_text = check(text, x, g)
+            assert "stream_copy" in ir_text or c * r > 4096 and c % 4096 and c > 4096
+
+
+def test_no_streaming_for_compute_bound_or_reread_results(fresh, monkeypatch) -> None:
+    fresh(1, 1 << 22)
+    monkeypatch.setattr(entry, "STREAM_MIN", 1)
+    text = """module @m
+func @f(%x: f32[64,64]) -> (f32[64,64], f32[64,64]) {
+  %e = map %x, body=tanh($0) : f32[64,64]
+  %y = map %e, body=sigmoid($0) : f32[64,64]
+  return %e, %y
+}
+"""
+    x = np.random.default_rng(9).standard_normal((64, 64)).astype(np.float32)
+    assert "stream_copy" not in check(text, x)
+
+
+def test_transposes_read_in_place_by_blas(fresh) -> None:
+    """Attention's head split: transposes feeding only BLAS matmuls are never materialized
+    (gemm's flags and leading dimensions read them); the sources stay alive until then."""
+    fresh(2, 0)
+    text = """module @m
+func @f(%x: f32[2,64,4,64], %y: f32[2,64,4,64], %w: f32[256,256]) -> (f32[2,4,64,64], f32[128,256]) {
+  %q = transpose %x, perm=[0,2,1,3] : f32[2,4,64,64]
+  %k = transpose %y, perm=[0,2,3,1] : f32[2,4,64,64]
+  %x2 = reshape %x : f32[128,256]
+  %big = matmul %x2, %w : f32[128,256]
+  %e = exp %big : f32[128,256]
+  %s = matmul %q, %k : f32[2,4,64,64]
+  %wt = transpose %w, perm=[1,0] : f32[256,256]
+  %z = matmul %e, %wt : f32[128,256]
+  return %s, %z
+}
+"""
+    rng = np.random.default_rng(10)
+    args = [rng.standard_normal((2, 64, 4, 64)).astype(np.float32),
+            rng.standard_normal((2, 64, 4, 64)).astype(np.float32),
+            rng.standard_normal((256, 256)).astype(np.float32) * 0.05]
+    ir_text = check(text, *args, rtol=1e-4)
+    assert "matmul_viewed" in ir_text and ".transpose" not in ir_text
+
+
+def test_transposes_with_other_users_are_materialized(fresh) -> None:
+    fresh(1, 1 << 22)
+    text = """module @m
+func @f(%x: f32[64,64]) -> (f32[64,64], f32[64,64]) {
+  %t = transpose %x, perm=[1,0] : f32[64,64]
+  %p = matmul %x, %t : f32[64,64]
+  return %p, %t
+}
+"""
+    x = np.random.default_rng(11).standard_normal((64, 64)).astype(np.float32)
+    assert ".transpose" in check(text, x, rtol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_blas_products_split_over_threads(fresh, threads: int) -> None:
+    """Row blocks of one product (odd row counts, transposed operands, an epilogue) and whole
+    batches run on our threads, each calling the BLAS on one thread."""
+    fresh(threads, 0)
+    rng = np.random.default_rng(12)
+    for m in (129, 300):
+        text = f"""module @m
+func @f(%a: f32[{m},96], %bt: f32[80,96], %c: f32[80], %x: f32[6,70,64], %y: f32[6,64,70]) -> (f32[{m},80], f32[6,70,70]) {{
+  %p = matmul_epi %a, %bt, %c, ta=0, tb=1, body=relu(add($0, $1)) : f32[{m},80]
+  %q = matmul %x, %y : f32[6,70,70]
+  return %p, %q
+}}
+"""
+        args = [rng.standard_normal(s).astype(np.float32)
+                for s in [(m, 96), (80, 96), (80,), (6, 70, 64), (6, 64, 70)]]
+        check(text, *args, rtol=1e-4)
+
+
+def test_cached_blas_code_loads_without_scipy_linalg(tmp_path) -> None:
+    """A cached compile binds the BLAS symbols from scipy's bundled OpenBLAS by path: no
+    scipy.linalg import (a few hundred milliseconds) on the way."""
+    pytest.importorskip("scipy")
+    script = f"""
+import sys
+import numpy as np
+from eqsat.ir import parse
+from eqsat.backend import compile_module
+m = parse('''module @m
+func @f(%a: f32[96,96], %b: f32[96,96]) -> f32[96,96] {{
+  %c = matmul %a, %b : f32[96,96]
+  return %c
+}}
+''')
+a = np.arange(96 * 96, dtype=np.float32).reshape(96, 96) / 9216
+got = compile_module(m, cache_dir={str(tmp_path)!r}).f(a, a)
+assert np.allclose(got, a @ a, rtol=1e-4), "wrong product"
+print("scipy.linalg" in sys.modules)
+"""
+    for _ in range(2):  # cold, then from the disk cache
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             check=True).stdout.split()
+        assert out[-1] == "False"

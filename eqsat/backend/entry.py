@@ -13,20 +13,25 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from ..ir.module import Function, Module
+from ..ir.module import Function, Module, Stmt
 from ..ir.types import TensorType
-from . import fused_kernels  # noqa: F401  (registers the fused ops' kernels)
+from . import blas, fused_kernels  # (importing fused_kernels registers the fused ops' kernels)
 from .chunks import Buffer, Group, Member, group_kernel, try_join
-from .llvm_kernels import Kernel, KernelBuilder, build_kernel
-from .loops import i64
+from .llvm_kernels import (STREAM_ALIGN, Kernel, KernelBuilder, blas_pays, build_kernel,
+                           gemm_layout_ok, matmul_viewed)
+from .loops import i64, row_major_strides
 from .parallel import emit_kernel_call
-from .scalar import I8, I64, declare, llvm_type
+from .reuse import find_shares
+from .scalar import I8, I32, I64, declare
 
-ALIGN = 64  # bytes: a cache line, and the widest vector
+ALIGN = STREAM_ALIGN  # bytes: a cache line, and the widest vector
 # Buffers up to this size are never reused within a call: row statistics (a softmax's maxima
 # and sums) then never share memory with each other, which lets their kernels run row-chunked
 # together (see chunks.py), for a few extra kilobytes of arena.
 KEEP_SMALL = 1 << 18
+# Results of at least this many bytes are written with non-temporal stores (nothing in the
+# call reads them back from cache; smaller ones may still be in cache when the caller reads).
+STREAM_MIN = 1 << 22
 VOIDP = I8.as_pointer()
 ENTRY_TYPE = ir.FunctionType(ir.VoidType(), [VOIDP.as_pointer(), VOIDP.as_pointer(), VOIDP])
 
@@ -84,6 +89,9 @@ class Plan:
     where: dict[str, tuple[str, int]] = field(default_factory=dict)  # ("in"|"out"|"arena", k)
     scratch: dict[int, int] = field(default_factory=dict)  # call statement -> arena offset
     copies: list[tuple[int, str]] = field(default_factory=list)  # (output, value) copied at exit
+    # Transposes never materialized: value -> its element strides into its source's buffer
+    # (every consumer is a BLAS matmul that reads it in place).
+    views: dict[str, list[int]] = field(default_factory=dict)
     arena_bytes: int = 0
 
 
@@ -118,13 +126,13 @@ def plan_function(func: Function, callee_arena: dict[str, int]) -> Plan:
             live.append(idx)
             needed.update(body[idx].operands)
     live.reverse()
-    plan = Plan(func, live)
+    plan = Plan(func, live, views=gemm_views(func, live))
     params = {p.name: k for k, p in enumerate(func.params)}
-    root = {p: p for p in params}  # a reshape is a view of its operand's buffer
+    root = {p: p for p in params}  # a reshape (or a view) is a view of its operand's buffer
     for idx in live:
         s = body[idx]
         for r in s.results:
-            root[r] = root[s.operands[0]] if s.op == "reshape" else r
+            root[r] = root[s.operands[0]] if s.op == "reshape" or r in plan.views else r
     end = len(live)
     last: dict[str, int] = {}
     for pos, idx in enumerate(live):
@@ -167,6 +175,28 @@ def plan_function(func: Function, callee_arena: dict[str, int]) -> Plan:
     return plan
 
 
+def gemm_views(func: Function, live: Sequence[int]) -> dict[str, list[int]]:
+    """The transposes of `func` that BLAS matmuls can read in place, with their strides."""
+    types = func.types()
+    body = func.body
+    users: dict[str, list[tuple[Stmt, int]]] = {}
+    for idx in live:
+        for pos, o in enumerate(body[idx].operands):
+            users.setdefault(o, []).append((body[idx], pos))
+    views: dict[str, list[int]] = {}
+    for idx in live:
+        s = body[idx]
+        t = s.results[0]
+        if s.op != "transpose" or t in func.returns or not users.get(t):
+            continue
+        xs = row_major_strides(types[s.operands[0]].shape)
+        view = [xs[p] for p in s.attr["perm"]]
+        if all(u.op == "matmul" and pos < 2 and blas_pays(u.type, types[u.operands[0]].shape[-1])
+               and gemm_layout_ok(view, types[t].shape) for u, pos in users[t]):
+            views[t] = view
+    return views
+
+
 def plan_module(module: Module) -> dict[str, Plan]:
     """A plan for every plain function of the module."""
     plans: dict[str, Plan] = {}
@@ -190,12 +220,25 @@ def _pointer_array(b: ir.IRBuilder, ptrs: Sequence[ir.Value]) -> ir.Value:
     return arr
 
 
+def _one_blas_thread(fn: ir.Function, b: ir.IRBuilder, setter: ir.Function | None) -> None:
+    """Run the entry with the BLAS on the calling thread alone, restoring its setting at exit
+    (`b` is at the end of the entry's code)."""
+    if setter is None:
+        return
+    end = b.block
+    b.position_at_start(fn.entry_basic_block)
+    old = b.call(setter, [ir.Constant(I32, 1)])
+    b.position_at_end(end)
+    b.call(setter, [old])
+
+
 def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> None:
     """Emit every function's kernels and its entry function into `llmod`."""
     kb = KernelBuilder(llmod)
     entries = {name: ir.Function(llmod, ENTRY_TYPE, entry_symbol(name)) for name in plans}
     memcpy = declare(llmod, "llvm.memcpy.p0.p0.i64", ir.VoidType(),
                      [VOIDP, VOIDP, I64, ir.IntType(1)])
+    callees = {s.attr["callee"] for p in plans.values() for s in p.func.body if s.op == "call"}
     for name, plan in plans.items():
         fn = entries[name]
         fn.attributes.add("nounwind")
@@ -231,8 +274,14 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
         for idx in plan.live:
             s = plan.func.body[idx]
             for r in s.results:
-                root[r] = root[s.operands[0]] if s.op == "reshape" else r
-            if s.op == "reshape":
+                root[r] = root[s.operands[0]] if s.op == "reshape" or r in plan.views else r
+        shares = find_shares(plan.func, plan.live, root.__getitem__, where)
+        # Results read back inside the call, or by a caller, are better left in cache.
+        reread = {root[o] for idx in plan.live for o in plan.func.body[idx].operands}
+        nested = name in callees
+        for idx in plan.live:
+            s = plan.func.body[idx]
+            if s.op == "reshape" or any(r in plan.views for r in s.results):
                 continue
             if s.op == "call":
                 flush()
@@ -242,8 +291,25 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                 b.call(entries[s.attr["callee"]], [ins_arr, outs_arr, scratch])
                 continue
             in_types: list[TensorType] = [types[o] for o in s.operands]
-            kernel: Kernel = build_kernel(kb, s, in_types)
-            vals = [root[v] for v in (*s.results, *s.operands)]
+            kb.stream = (plan.where[root[s.results[0]]][0] == "out"
+                         and types[s.results[0]].nbytes >= STREAM_MIN and not nested
+                         and root[s.results[0]] not in reread and idx not in shares)
+            share = shares.get(idx)
+            kernel: Kernel
+            if s.op == "matmul" and any(o in plan.views for o in s.operands):
+                kernel = matmul_viewed(kb, s, in_types, [plan.views.get(o) for o in s.operands])
+                vals = [root[v] for v in (*s.results, *s.operands)]
+            elif share is None:
+                kernel = build_kernel(kb, s, in_types)
+                vals = [root[v] for v in (*s.results, *s.operands)]
+            elif share.producer == idx:
+                kernel = fused_kernels.map_reduce_keeping(kb, s, in_types, types[share.target])
+                vals = [root[v] for v in (*s.results, *s.operands, share.target)]
+            else:
+                s = share.stmt
+                kernel = fused_kernels.map_in_place(kb, s, [types[o] for o in s.operands])
+                vals = [root[v] for v in (*s.results, *s.operands)]
+            kb.stream = False
             m = Member(kernel, vals, [types[v].dtype.itemsize for v in vals])
             if not try_join(group, m, where):
                 flush()
@@ -251,6 +317,8 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                     group.members.append(m)  # runs alone
                     flush()
         flush()
+        if any(sym in llmod.globals for sym, _ in blas.SYMBOLS.values()):
+            _one_blas_thread(fn, b, blas.declare_threads(llmod))
         for k, v in plan.copies:
             out = b.load(b.gep(fn.args[1], [i64(k)], inbounds=True))
             b.call(memcpy, [out, get(v), i64(types[v].nbytes), ir.Constant(ir.IntType(1), 0)])

@@ -14,11 +14,12 @@ from llvmlite import ir
 from ..ir import fused
 from ..ir.module import Stmt
 from ..ir.ops import OPS
-from ..ir.scalar_expr import body_args, fold
+from ..ir.scalar_expr import App, body_args, fold
 from ..ir.types import DType, TensorType
 from .llvm_kernels import (KERNELS, Kernel, KernelBuilder, _load, _store, broadcast_strides,
-                           matmul_kernel, outer_blocks, reduce_kernel)
-from .loops import collapse, for_range, i64, nest, row_major_strides
+                           element_cost, matmul_kernel, outer_blocks, reduce_kernel)
+from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
+                    streamed_nest)
 from .scalar import const, emit_scalar, llvm_type
 
 Typed = tuple[ir.Value, DType]
@@ -46,19 +47,35 @@ def _loads(b: ir.IRBuilder, used: set[int] | frozenset[int], ptrs: Sequence[ir.V
             for i, (p, o, t) in enumerate(zip(ptrs, offs, ins))]
 
 
+def _row_cost(e: Any, varying: set[int]) -> int:
+    """The per-element cost of a body inside its innermost loop: subterms reading only inputs
+    that are constant along the loop are hoisted out of it by LLVM, so they cost nothing."""
+    if not isinstance(e, App) or not (body_args(e) & varying):
+        return 0
+    return element_cost(e.op) + sum(_row_cost(a, varying) for a in e.args)
+
+
 def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     """One loop nest over the result; each input read through its broadcast strides."""
     out, body = s.type, s.attr["body"]
     strides = [broadcast_strides(t.shape, out.shape) for t in ins]
     dims = collapse(out.shape, [row_major_strides(out.shape), *strides])
     fn, b, lo, hi, (o,), ptrs = kb.function("map", [out.dtype], [t.dtype for t in ins])
+    used = body_args(body)
 
-    def element(offs: list[ir.Value]) -> None:
-        value = emit_body(b, body, _loads(b, body_args(body), ptrs, offs[1:], ins), out.dtype)
-        _store(b, value, o, offs[0])
+    def value(offs: list[ir.Value]) -> ir.Value:
+        return emit_body(b, body, _loads(b, used, ptrs, offs, ins), out.dtype)
 
-    nest(b, dims, [0] * (1 + len(ins)), element, outer=(lo, hi))
-    b.ret_void()
+    inner = {k for k, st in enumerate(dims[-1][1][1:]) if st}  # inputs varying along a row
+    streamed = stream_dims(dims) if kb.streams(out, _row_cost(body, inner)) else None
+    if streamed is not None:
+        dims = streamed
+        streamed_nest(b, dims, lo, hi, o, value, out.dtype.itemsize)
+        kb.end_kernel(b)
+    else:
+        nest(b, dims, [0] * (1 + len(ins)), lambda offs: _store(b, value(offs[1:]), o, offs[0]),
+             outer=(lo, hi))
+        b.ret_void()
     work = out.nbytes + sum(t.nbytes for t in ins) + out.size * (1 + len(str(body)) // 8)
     return Kernel(fn, dims[0][0], work,
                   outer_blocks(dims[0][0], dims[0][1], [out.size, *(t.size for t in ins)]))
@@ -75,6 +92,32 @@ def map_reduce(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
 
     return reduce_kernel(kb, "map_reduce", s.attr["reduce"], domain, set(s.attr["axes"]),
                          s.type, ins, strides, element)
+
+
+def map_reduce_keeping(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
+                       keep: TensorType) -> Kernel:
+    """`map_reduce` that also stores every element's value, row-major over the domain, into a
+    last pointer of type `keep` (see reuse.py)."""
+    body = s.attr["body"]
+    domain = fused.domain(ins)
+    strides = [broadcast_strides(t.shape, domain) for t in ins] + [row_major_strides(domain)]
+
+    def element(b: ir.IRBuilder, ptrs: list[ir.Value], offs: list[ir.Value]) -> ir.Value:
+        value = emit_body(b, body, _loads(b, body_args(body), ptrs[:-1], offs[:-1], ins), None)
+        _store(b, value, ptrs[-1], offs[-1])
+        return value
+
+    return reduce_kernel(kb, "map_reduce_keeping", s.attr["reduce"], domain,
+                         set(s.attr["axes"]), s.type, [*ins, keep], strides, element)
+
+
+def map_in_place(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """`map` whose last operand is its own result (read, then overwritten, element by element):
+    the two pointers are the same, so neither may be marked noalias."""
+    kernel = map_(kb, s, ins)
+    for arg in (kernel.fn.args[2], kernel.fn.args[-1]):
+        arg.attributes.discard("noalias")
+    return kernel
 
 
 def matmul_t(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:

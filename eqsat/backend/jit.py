@@ -105,7 +105,8 @@ class Code:
 
     def __init__(self, obj: bytes):
         _init()
-        if any(symbol.encode() in obj for symbol, _ in blas.SYMBOLS.values()):
+        if any(symbol.encode() in obj for symbol, _ in blas.SYMBOLS.values()) or \
+                blas.THREADS_SYMBOL.encode() in obj:
             _bind_blas()
         triple = host()[0]
         empty = llvm.parse_assembly(f'target triple = "{triple}"\n')

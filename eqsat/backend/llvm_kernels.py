@@ -18,12 +18,29 @@ from ..ir.module import Stmt
 from ..ir.ops import OPS
 from ..ir.types import DType, TensorType
 from . import blas
-from .loops import collapse, for_range, i64, nest, row_major_strides
+from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
+                    streamed_nest)
 from .scalar import I8, I32, I64, LoweringError, const, emit_scalar, intrinsic, llvm_type
 
 # Products with at least this many multiply-adds go to the host BLAS; smaller ones are loops
 # (a BLAS call costs about a microsecond before it does any work).
 BLAS_MIN_FLOPS = 64 * 64 * 64
+# A single (unbatched) BLAS product is cut into one block of C's rows per thread, when each
+# block gets at least BLOCK_MIN_ROWS rows.
+BLOCK_MIN_ROWS = 64
+# The alignment of every result array the runtime allocates (so a streamed row needs no
+# unaligned head, see loops.streamed_nest).
+STREAM_ALIGN = 64
+# Rough cost per element, in simple float operations, of ops that are more than one
+# instruction; a kernel costing more than STREAM_MAX_COST per element is compute-bound here.
+OP_COST = {"exp": 20, "log": 20, "tanh": 24, "sigmoid": 24, "sin": 24, "cos": 24, "pow": 40,
+           "div": 4, "sqrt": 4, "rsqrt": 8, "recip": 4}
+STREAM_MAX_COST = 12
+
+
+def element_cost(op: str) -> int:
+    """The rough per-element cost of a scalar op (see OP_COST)."""
+    return OP_COST.get(op, 1)
 
 
 @dataclass
@@ -53,6 +70,10 @@ class KernelBuilder:
     def __init__(self, module: ir.Module):
         self.module = module
         self.count = 0
+        # Set by the entry while it builds a kernel whose output is a large result of the
+        # function: nobody here reads it again, so its stores bypass the caches
+        # (see loops.streamed_nest).
+        self.stream = False
 
     def function(self, name: str, outs: Sequence[DType], ins: Sequence[DType]
                  ) -> tuple[ir.Function, ir.IRBuilder, ir.Value, ir.Value, list[ir.Value],
@@ -70,6 +91,21 @@ class KernelBuilder:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         lo, hi, *rest = fn.args
         return fn, b, lo, hi, list(rest[: len(outs)]), list(rest[len(outs):])
+
+    def streams(self, out: TensorType, cost: int) -> bool:
+        """Whether the kernel being built should stream its output `out`: floats only, and
+        only memory-bound kernels (`cost`: see `element_cost`); a compute-bound one would
+        just pay for the extra copy through the tile."""
+        return self.stream and out.dtype.is_float and cost <= STREAM_MAX_COST
+
+    def end_kernel(self, b: ir.IRBuilder) -> None:
+        """`ret void`, after a store fence where the kernel streamed (non-temporal stores are
+        weakly ordered: another thread must see them once this kernel is joined)."""
+        if self.stream:
+            fence = self.module.globals.get("llvm.x86.sse.sfence") or ir.Function(
+                self.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
+            b.call(fence, [])
+        b.ret_void()
 
 
 Builder = Callable[[KernelBuilder, Stmt, Sequence[TensorType]], Kernel]
@@ -91,12 +127,21 @@ def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel
     out = s.type
     dtype = ins[-1].dtype  # select's branches, the other ops' operands
     fn, b, lo, hi, (o,), ptrs = kb.function(s.op, [out.dtype], [t.dtype for t in ins])
+    work = out.nbytes + sum(t.nbytes for t in ins) + out.size
+    dims = (stream_dims([(out.size, [1] * (1 + len(ins)))])
+            if kb.streams(out, element_cost(s.op)) else None)
+    if dims is not None:
+        streamed_nest(b, dims, lo, hi, o, lambda offs: emit_scalar(
+            b, s.op, [_load(b, p, i) for p, i in zip(ptrs, offs)], dtype, out.dtype),
+            out.dtype.itemsize)
+        kb.end_kernel(b)
+        return Kernel(fn, dims[0][0], work, outer_blocks(dims[0][0], dims[0][1],
+                                                         [out.size] * (1 + len(ins))))
     with for_range(b, lo, hi) as i:
         args = [_load(b, p, i) for p in ptrs]
         _store(b, emit_scalar(b, s.op, args, dtype, out.dtype), o, i)
     b.ret_void()
-    return Kernel(fn, out.size, out.nbytes + sum(t.nbytes for t in ins) + out.size,
-                  (1,) * (1 + len(ins)))
+    return Kernel(fn, out.size, work, (1,) * (1 + len(ins)))
 
 
 def constant(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
@@ -290,11 +335,34 @@ def _operand_strides(t: TensorType, transposed: bool) -> tuple[int, int]:
     return (c, r) if transposed else (r, c)
 
 
+Layout = list[int]  # element strides of an operand read in place (a transpose's source)
+
+
+def _gemm_operand(shape: Sequence[int], trans: bool, view: Layout | None
+                  ) -> tuple[bool, int, list[int]]:
+    """(transposed, leading dimension, batch strides) of a gemm operand of logical `shape`
+    (after `trans`): stored contiguously, or read in place through `view`'s strides."""
+    if view is None:
+        rows, cols = shape[-2:]  # as stored: transposed, cols x rows
+        return trans, (rows if trans else cols), row_major_strides(shape)[:-2]
+    r, c = view[-2:]
+    return (False, r, view[:-2]) if c == 1 else (True, c, view[:-2])
+
+
+def gemm_layout_ok(view: Layout, shape: Sequence[int]) -> bool:
+    """Whether gemm can read an operand of `shape` through strides `view` in place: one of its
+    two matrix axes contiguous, the other a valid leading dimension."""
+    (rows, cols), (r, c) = shape[-2:], view[-2:]
+    return (c == 1 and r >= max(1, cols)) or (r == 1 and c >= max(1, rows))
+
+
 def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
-                 ta: bool, tb: bool, epilogue: Epilogue | None) -> Kernel:
+                 ta: bool, tb: bool, epilogue: Epilogue | None,
+                 views: Sequence[Layout | None] = (None, None)) -> Kernel:
     """op(A) @ op(B) per batch through the host's Fortran gemm. Row-major C is column-major
     C^T = op(B)^T op(A)^T: gemm with B first, and each operand's storage read as its own
-    transpose."""
+    transpose. `views` give an operand's strides where it is read in place (no transpose
+    materialized: gemm's transpose flag and leading dimension absorb it)."""
     a, bt = ins[0], ins[1]
     m, n = out.shape[-2], out.shape[-1]
     k = a.shape[-2] if ta else a.shape[-1]
@@ -309,20 +377,48 @@ def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
         b.store(const(ty, value), ptr)
         return ptr
 
+    bshape = out.shape[:-2]
+    ta, lda_v, bsa = _gemm_operand((*bshape, m, k), ta, views[0])
+    tb, ldb_v, bsb = _gemm_operand((*bshape, k, n), tb, views[1])
     trans_b, trans_a = slot(I8, ord("T" if tb else "N")), slot(I8, ord("T" if ta else "N"))
     mm, nn, kk = slot(I32, n), slot(I32, m), slot(I32, k)
-    ldb, lda, ldc = slot(I32, k if tb else n), slot(I32, m if ta else k), slot(I32, n)
+    ldb, lda, ldc = slot(I32, ldb_v), slot(I32, lda_v), slot(I32, n)
     alpha, beta = slot(ety, 1.0), slot(ety, 0.0)
-    with for_range(b, lo, hi, name="batch") as t:
-        pa_t = b.gep(pa, [b.mul(t, i64(m * k))], inbounds=True)
-        pb_t = b.gep(pb, [b.mul(t, i64(k * n))], inbounds=True)
-        pc_t = b.gep(c, [b.mul(t, i64(m * n))], inbounds=True)
+
+    def batch_offset(t: ir.Value, strides: Sequence[int]) -> ir.Value:
+        off, inner = i64(0), 1
+        for d in reversed(range(len(bshape))):
+            if strides[d] and bshape[d] > 1:
+                idx = b.urem(b.udiv(t, i64(inner)), i64(bshape[d]))
+                off = b.add(off, b.mul(idx, i64(strides[d])))
+            inner *= bshape[d]
+        return off
+
+    # Our threads split the products (whole batches, else blocks of C's rows), with the BLAS
+    # itself on one thread (see blas.py): its own spinning workers would fight ours.
+    from .parallel import THREADS  # here: parallel imports this module
+    blocks = THREADS if batch == 1 and m >= THREADS * BLOCK_MIN_ROWS else 1
+    a_row = (1 if ta else k) if views[0] is None else views[0][-2]
+    with for_range(b, lo, hi, name="part") as part:
+        t, blk = b.udiv(part, i64(blocks)), b.urem(part, i64(blocks))
+        r0 = b.udiv(b.mul(blk, i64(m)), i64(blocks))
+        r1 = b.udiv(b.mul(b.add(blk, i64(1)), i64(m)), i64(blocks))
+        b.store(b.trunc(b.sub(r1, r0), I32), nn)
+        pa_t = b.gep(pa, [b.add(batch_offset(t, bsa), b.mul(r0, i64(a_row)))], inbounds=True)
+        pb_t = b.gep(pb, [batch_offset(t, bsb)], inbounds=True)
+        pc_t = b.gep(c, [b.add(b.mul(t, i64(m * n)), b.mul(r0, i64(n)))], inbounds=True)
         b.call(gemm, [trans_b, trans_a, mm, nn, kk, alpha, pb_t, ldb, pa_t, lda, beta, pc_t, ldc])
         if epilogue is not None:
-            with for_range(b, 0, m, name="erow") as i:
+            with for_range(b, r0, r1, name="erow") as i:
                 epilogue(b, ptrs[2:], c, b.add(b.mul(t, i64(m)), i))
     b.ret_void()
-    return Kernel(fn, batch, 1)  # OpenBLAS threads on its own
+    return Kernel(fn, batch * blocks, 2 * batch * m * n * k)
+
+
+def blas_pays(out: TensorType, k: int) -> bool:
+    """Whether a product of result `out` and inner length `k` goes to the host BLAS."""
+    m, n = out.shape[-2], out.shape[-1]
+    return out.dtype.is_float and m * n * k >= BLAS_MIN_FLOPS and blas.available()
 
 
 def _loop_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
@@ -364,9 +460,8 @@ def matmul_kernel(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[T
                   ta: bool = False, tb: bool = False, epilogue: Epilogue | None = None) -> Kernel:
     """op(A) @ op(B) (then an epilogue per row): BLAS for float products large enough to pay,
     generated loops otherwise."""
-    m, n = out.shape[-2], out.shape[-1]
     k = ins[0].shape[-2] if ta else ins[0].shape[-1]
-    if out.dtype.is_float and m * n * k >= BLAS_MIN_FLOPS and blas.available():
+    if blas_pays(out, k):
         return _blas_matmul(kb, name, out, ins, ta, tb, epilogue)
     return _loop_matmul(kb, name, out, ins, ta, tb, epilogue)
 
@@ -374,6 +469,12 @@ def matmul_kernel(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[T
 def matmul(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     """np.matmul with equal batch dimensions."""
     return matmul_kernel(kb, "matmul", s.type, ins)
+
+
+def matmul_viewed(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
+                  views: Sequence[Layout | None]) -> Kernel:
+    """A BLAS-sized np.matmul reading operands through `views` (see `_blas_matmul`)."""
+    return _blas_matmul(kb, "matmul_viewed", s.type, ins, False, False, None, views)
 
 
 # ---------------------------------------------------------------- the dispatcher

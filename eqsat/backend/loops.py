@@ -81,3 +81,90 @@ def collapse(shape: Sequence[int], strides: Sequence[Sequence[int]]) -> Dims:
                 continue
         merged.append((n, ss))
     return merged or [(1, [0] * len(strides))]
+
+
+# ---------------------------------------------------------------- streaming (non-temporal) rows
+
+# Elements of one row computed into a stack tile before it is streamed out (fits in L1).
+STREAM_TILE = 4096
+
+
+def stream_dims(dims: Dims) -> Dims | None:
+    """`dims` reshaped for `streamed_nest`: at least two loops, the innermost (unit output
+    stride) at most STREAM_TILE long; None where that cannot be done exactly."""
+    n, strides = dims[-1]
+    if strides[0] != 1:
+        return None
+    if n <= STREAM_TILE:
+        return dims if len(dims) > 1 else [(1, [0] * len(strides)), *dims]
+    tile = next((t for t in range(STREAM_TILE, 255, -1) if n % t == 0), None)
+    if tile is None:
+        return None
+    return [*dims[:-1], (n // tile, [s * tile for s in strides]), (tile, strides)]
+
+
+def _stream_copy(module: ir.Module, ty: ir.Type, itemsize: int) -> ir.Function:
+    """`void copy(T* dst, T* src, i64 n)`: dst[0:n] = src[0:n], the 64-byte-aligned middle of
+    dst written with non-temporal vector stores (they skip the read of each destination line)."""
+    name = f"eqsat.stream_copy.{ty}"
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn
+    p = ty.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    dst, src, n = fn.args
+    width = 64 // itemsize
+    vec = ir.VectorType(ty, width)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    mis = b.and_(b.ptrtoint(dst, I64), i64(63))
+    head = b.udiv(b.and_(b.sub(i64(64), mis), i64(63)), i64(itemsize))
+    head = b.select(b.icmp_unsigned("<", head, n), head, n)
+    body_n = b.mul(b.udiv(b.sub(n, head), i64(width)), i64(width))
+    mid_end = b.add(head, body_n)
+
+    def scalar(lo: ir.Value, hi: ir.Value, name: str) -> None:
+        with for_range(b, lo, hi, name=name) as j:
+            b.store(b.load(b.gep(src, [j], inbounds=True)), b.gep(dst, [j], inbounds=True))
+
+    scalar(i64(0), head, "h")
+    meta = module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+    pre = b.block
+    hd, bd, dn = (fn.append_basic_block(f"v.{x}") for x in ("head", "body", "done"))
+    b.branch(hd)
+    b.position_at_end(hd)
+    j = b.phi(I64, name="v")
+    j.add_incoming(head, pre)
+    b.cbranch(b.icmp_signed("<", j, mid_end), bd, dn)
+    b.position_at_end(bd)
+    v = b.load(b.bitcast(b.gep(src, [j], inbounds=True), vec.as_pointer()), align=itemsize)
+    st = b.store(v, b.bitcast(b.gep(dst, [j], inbounds=True), vec.as_pointer()), align=64)
+    st.set_metadata("nontemporal", meta)
+    j.add_incoming(b.add(j, i64(width)), b.block)
+    b.branch(hd)
+    b.position_at_end(dn)
+    scalar(mid_end, n, "t")
+    b.ret_void()
+    return fn
+
+
+def streamed_nest(b: ir.IRBuilder, dims: Dims, lo: ir.Value, hi: ir.Value, out: ir.Value,
+                  value: Callable[[list[ir.Value]], ir.Value], itemsize: int) -> None:
+    """Loops over `dims` (from `stream_dims`) with the outermost restricted to [lo, hi): each
+    innermost row's values (`value(offsets)`, offsets of the other pointers) go to a stack tile
+    that is then streamed to `out` past the caches."""
+    ty = out.type.pointee
+    n, strides = dims[-1]
+    with b.goto_entry_block():
+        tile = b.alloca(ty, size=n, name="tile")
+        tile.align = 64
+    copy = _stream_copy(b.module, ty, itemsize)
+
+    def row(offs: list[ir.Value]) -> None:
+        with for_range(b, 0, n, name="s") as j:
+            inner = [b.add(o, b.mul(j, i64(s))) if s else o for o, s in zip(offs, strides)]
+            b.store(value(inner[1:]), b.gep(tile, [j], inbounds=True))
+        b.call(copy, [b.gep(out, [offs[0]], inbounds=True), tile, i64(n)])
+
+    nest(b, dims, [0] * len(strides), row, outer=(lo, hi), depth=len(dims) - 1)

@@ -2,7 +2,8 @@
 
 A kernel computes [lo, hi) of its outer loop, and every builder guarantees that disjoint
 ranges write disjoint memory, so the halves need no locks. Threads are created only where the
-kernel's work clearly outweighs the ~20-50 us a thread costs to start and join.
+kernel's work clearly outweighs the ~20-50 us a thread costs to start and join. BLAS products
+split here too (batches or row blocks), each thread calling the BLAS single-threaded.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Sequence
 
 from llvmlite import ir
 
+from . import blas
 from .llvm_kernels import Kernel
 from .loops import i64
 from .scalar import I8, I32, I64, declare
@@ -33,6 +35,11 @@ def _trampoline(kernel: Kernel, ctx_ty: ir.LiteralStructType) -> ir.Function:
     fn = ir.Function(module, ir.FunctionType(VOIDP, [VOIDP]), name)
     fn.linkage = "internal"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
+    setter = (blas.declare_threads(module)
+              if any(sym in module.globals for sym, _ in blas.SYMBOLS.values()) else None)
+    if setter is not None:
+        # A fresh thread: OpenBLAS on it alone too (else concurrent calls queue for its pool).
+        b.call(setter, [ir.Constant(I32, 1)])
     ctx = b.bitcast(fn.args[0], ctx_ty.as_pointer())
     fields = [b.load(b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
               for k in range(len(ctx_ty.elements))]

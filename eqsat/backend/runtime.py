@@ -29,6 +29,15 @@ class _Entry:
         self.param_names = {p.name for p in plan.func.params}
 
 
+def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A fresh C-contiguous array at an ALIGN-byte boundary (kernels that stream a result
+    with non-temporal vector stores rely on it)."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    buf = np.empty(nbytes + ALIGN, np.uint8)
+    start = -buf.ctypes.data % ALIGN
+    return buf[start: start + nbytes].view(dtype).reshape(shape)
+
+
 class Executable:
     """Compiled functions of a module: `exe("f", *arrays)` or `exe.f(*arrays)`.
 
@@ -66,7 +75,7 @@ class Executable:
             raise Error(f"the executable has no function @{name}; it has "
                         f"{', '.join('@' + n for n in self._entries) or 'none'}")
         inputs = [np.ascontiguousarray(a) for a in check_inputs(entry.func, arrays)]
-        outputs = [np.empty(t.shape, t.dtype.np) for t in entry.results]
+        outputs = [_aligned(t.shape, t.dtype.np) for t in entry.results]
         ins = (ctypes.c_void_p * max(1, len(inputs)))(*[a.ctypes.data for a in inputs])
         outs = (ctypes.c_void_p * max(1, len(outputs)))(*[a.ctypes.data for a in outputs])
         entry.native(ins, outs, self._arena(entry.arena_bytes))
