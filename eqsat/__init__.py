@@ -89,8 +89,32 @@ def compile(module: Module, target: str = "cpu", optimize: bool = True, rules: A
     backend = _backend(target)
     m = differentiate(module)
     if optimize:
-        m = globals()["optimize"](m, rules=rules, target=target, limits=limits)
+        m = _optimize_cached(m, rules, target, limits)
     return backend.compile_module(m)
+
+
+def _optimize_cached(module: Module, rules: Any, target: str, limits: Any) -> Module:
+    """`optimize` with the built-in rules, its result kept on disk so a second run of the same
+    program skips saturation (custom rules are not cached: their text is not a stable key)."""
+    if rules is not None:
+        return optimize(module, rules=rules, target=target, limits=limits)
+    import hashlib
+
+    from . import cache
+
+    key = hashlib.sha256("\0".join([
+        str(module), target, repr(limits), cache.machine_key(),
+        cache.source_fingerprint("ir", "ad", "rules", "extract")]).encode()).hexdigest()[:40]
+    directory = cache.cache_dir() / "optimized"
+    text = cache.load(directory, f"{key}.eqir")
+    if text is not None:
+        try:
+            return parse(text)
+        except Error:
+            pass  # a damaged entry: optimize again and overwrite it
+    out = optimize(module, target=target, limits=limits)
+    cache.store(directory, f"{key}.eqir", str(out).encode())
+    return out
 
 
 def emit(module: Module, target: str = "llvm") -> str:

@@ -83,3 +83,26 @@ def test_emit_text(target):
     assert ("define" in text) if target == "llvm" else (".entry" in text or ".visible" in text)
     with pytest.raises(eqsat.Error, match="valid targets"):
         eqsat.emit(m, target="wasm")
+
+
+def test_second_compile_of_a_program_skips_the_optimizer(tmp_path):
+    # a fresh process that finds the optimized program and its object code in the cache
+    # neither saturates (egglog is never imported) nor generates code again
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, time, eqsat\n"
+        "from importlib import resources\n"
+        "m = eqsat.parse(resources.files('eqsat.examples').joinpath('mlp.eqir').read_text())\n"
+        "t = time.perf_counter()\n"
+        "eqsat.compile(m)\n"
+        "print(time.perf_counter() - t, 'egglog' in sys.modules)\n")
+    env = {**__import__("os").environ, "EQSAT_CACHE_DIR": str(tmp_path)}
+    cold = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+    warm = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, check=True).stdout.split()
+    assert cold[1] == "True" and warm[1] == "False"
+    assert list((tmp_path / "optimized").glob("*.eqir")) and list((tmp_path / "objects").glob("*.o"))
+    assert float(warm[0]) < float(cold[0])

@@ -6,14 +6,13 @@ from __future__ import annotations
 import ctypes.util
 import functools
 import hashlib
-import os
 import re
-import tempfile
 from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
 
+from .. import cache
 from . import blas
 
 
@@ -123,31 +122,15 @@ class Code:
 
 
 def default_cache_dir() -> Path:
-    """~/.cache/eqsat (or under $XDG_CACHE_HOME)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "eqsat"
+    """Where compiled objects go: `objects/` in eqsat's cache directory."""
+    return cache.cache_dir() / "objects"
 
 
 def cache_load(directory: Path | None, key: str) -> bytes | None:
     """Object code stored under `key`, or None."""
-    if directory is None:
-        return None
-    try:
-        return (directory / f"{key}.o").read_bytes()
-    except OSError:
-        return None
+    return cache.load(directory, f"{key}.o")
 
 
 def cache_store(directory: Path | None, key: str, obj: bytes) -> None:
-    """Store object code atomically (a concurrent reader sees all of it or nothing); a cache
-    that cannot be written is skipped, never an error."""
-    if directory is None:
-        return
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(obj)
-        os.replace(tmp, directory / f"{key}.o")
-    except OSError:
-        pass
+    """Store object code; a cache that cannot be written is skipped, never an error."""
+    cache.store(directory, f"{key}.o", obj)

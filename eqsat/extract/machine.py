@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-CACHE_ENV = "EQSAT_CACHE_DIR"
+from ..cache import CACHE_ENV, cache_dir, machine_key  # noqa: F401  (re-exported)
+
 CACHE_FILE = "machine.json"
 
 # Sizes chosen so that the whole benchmark stays well under a second on a slow laptop while
@@ -35,23 +35,6 @@ class CpuRates:
     gflops: float
     bandwidth_gbs: float
     key: str = ""
-
-
-def cache_dir(override: str | os.PathLike | None = None) -> Path:
-    """Where eqsat keeps its cache: the argument, `$EQSAT_CACHE_DIR`, XDG's cache, ~/.cache."""
-    if override is not None:
-        return Path(override)
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]) / "eqsat"
-    return Path.home() / ".cache" / "eqsat"
-
-
-def machine_key() -> str:
-    """What identifies a measurement: host, processor, core count and numpy version."""
-    return "|".join([platform.node(), platform.machine(), platform.processor(),
-                     str(os.cpu_count()), np.__version__])
 
 
 def _best_seconds(fn, repeats: int) -> float:

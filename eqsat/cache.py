@@ -1,0 +1,71 @@
+"""Where eqsat keeps what it computed once: machine rates, optimized programs, object code.
+
+One directory for all of it: the argument, else `$EQSAT_CACHE_DIR`, else `$XDG_CACHE_HOME/eqsat`,
+else `~/.cache/eqsat`. Entries are written atomically, and a cache that cannot be read or written
+is skipped, never an error: it only ever saves time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import tempfile
+from pathlib import Path
+
+CACHE_ENV = "EQSAT_CACHE_DIR"
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def cache_dir(override: str | os.PathLike | None = None) -> Path:
+    """The cache directory (see the module docstring for the order of precedence)."""
+    if override is not None:
+        return Path(override)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "eqsat"
+    return Path.home() / ".cache" / "eqsat"
+
+
+def load(directory: Path | None, name: str) -> bytes | None:
+    """The entry `name`, or None when there is none (or no cache)."""
+    if directory is None:
+        return None
+    try:
+        return (directory / name).read_bytes()
+    except OSError:
+        return None
+
+
+def store(directory: Path | None, name: str, data: bytes) -> None:
+    """Write entry `name` atomically: a concurrent reader sees all of it or nothing."""
+    if directory is None:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, directory / name)
+    except OSError:
+        pass
+
+
+def machine_key() -> str:
+    """What identifies this machine for measured rates: host, processor and core count."""
+    import numpy as np
+
+    return "|".join([platform.node(), platform.machine(), platform.processor(),
+                     str(os.cpu_count()), np.__version__])
+
+
+def source_fingerprint(*packages: str) -> str:
+    """A hash of the source files of eqsat's subpackages `packages`, so that cached results
+    made by another version of the code are never used."""
+    h = hashlib.sha256()
+    for package in packages:
+        for path in sorted((_PACKAGE / package).rglob("*.py")):
+            h.update(path.relative_to(_PACKAGE).as_posix().encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()[:16]
