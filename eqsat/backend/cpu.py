@@ -9,9 +9,8 @@ from pathlib import Path
 
 from llvmlite import ir
 
-from ..errors import Error
 from ..ir.module import Module
-from ..ir.verifier import verify
+from ..ir.verifier import plain_module
 from . import jit
 from .entry import Plan, emit_module, plan_module
 from . import parallel
@@ -20,17 +19,6 @@ from .runtime import Executable
 _DEFAULT = object()
 _memory: dict[str, jit.Code] = {}
 _lock = threading.Lock()
-
-
-def _checked(module: Module) -> Module:
-    if module.grad_decls:
-        names = ", ".join("@" + d.name for d in module.grad_decls)
-        raise Error(f"compile_module takes plain functions; expand the gradient declarations "
-                    f"({names}) with eqsat.differentiate first")
-    if not getattr(module, "_verified", False):
-        verify(module)
-        object.__setattr__(module, "_verified", True)
-    return module
 
 
 def lower(module: Module) -> tuple[str, dict[str, Plan]]:
@@ -45,7 +33,7 @@ def lower(module: Module) -> tuple[str, dict[str, Plan]]:
 
 def emit_llvm(module: Module) -> str:
     """The optimized LLVM IR text of the whole module, as the CPU target compiles it."""
-    text, _ = lower(_checked(module))
+    text, _ = lower(plain_module(module, "compile_module"))
     return str(jit.optimize(text))
 
 
@@ -62,7 +50,7 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
     Compiled code is cached in memory and under `cache_dir` (default ~/.cache/eqsat; None
     turns the disk cache off), keyed by the module text, target and code generator.
     """
-    module = _checked(module)
+    module = plain_module(module, "compile_module")
     directory = jit.default_cache_dir() if cache_dir is _DEFAULT else (
         Path(cache_dir) if cache_dir is not None else None)
     key = cache_key(module)

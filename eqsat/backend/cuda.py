@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import Error
 from ..ir.module import Function, Module, Stmt
 from ..ir.types import TensorType
-from ..ir.verifier import verify
+from ..ir.verifier import plain_module
 from . import nvptx_target as T
 from .entry import Arena
 from .nvptx_kernels import GpuKernel, GpuKernelBuilder, build_gpu_kernel
@@ -50,17 +49,6 @@ class PtxProgram:
     ptx: str
     plans: dict[str, GpuPlan]
     arch: str
-
-
-def _checked(module: Module) -> Module:
-    if module.grad_decls:
-        names = ", ".join("@" + d.name for d in module.grad_decls)
-        raise Error(f"the CUDA backend takes plain functions; expand the gradient declarations "
-                    f"({names}) with eqsat.differentiate first")
-    if not getattr(module, "_verified", False):
-        verify(module)
-        object.__setattr__(module, "_verified", True)
-    return module
 
 
 def inline_calls(module: Module, func: Function) -> Function:
@@ -149,7 +137,7 @@ def describe(plans: dict[str, GpuPlan]) -> str:
 
 def build(module: Module, arch: str = T.DEFAULT_ARCH) -> PtxProgram:
     """Lower a module of plain functions to PTX and launch plans."""
-    module = _checked(module)
+    module = plain_module(module, "the CUDA backend")
     llmod = T.new_module(module.name, arch)
     kb = GpuKernelBuilder(llmod)
     plans = {f.name: plan_function(module, f, kb) for f in module.functions}

@@ -60,6 +60,15 @@ def verify(module: Module) -> Module:
     return module
 
 
+def plain_module(module: Module, who: str) -> Module:
+    """A verified module without gradient declarations, as code generators need it."""
+    if module.grad_decls:
+        names = ", ".join("@" + d.name for d in module.grad_decls)
+        raise VerifyError(f"{who} takes plain functions; expand the gradient declarations "
+                          f"({names}) with eqsat.differentiate first")
+    return verify(module)
+
+
 def signatures(module: Module) -> dict[str, Signature]:
     """The signature of every item of a verified module, declarations included."""
     checker = _Checker(module)
