@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import scipy.special
 
-from eqsat.errors import Error, InterpretError, TraceError
+from eqsat.errors import Error, InterpretError
 from eqsat.ir import Function, GradDecl, Module, interpret, parse, verify
 from eqsat.ir import dsl
 from eqsat.ir.dsl import TracedFunction, function
@@ -36,22 +36,6 @@ def close(got, want, rtol=1e-5, atol=1e-6):
 
 def ops_of(tf: TracedFunction) -> list[str]:
     return [s.op for s in tf.ir.body]
-
-
-def line_of(marker: str) -> int:
-    """The line of this file carrying `marker` in a comment (for error-location tests)."""
-    with open(__file__) as fh:
-        lines = [i + 1 for i, text in enumerate(fh) if text.rstrip().endswith("# " + marker)]
-    assert len(lines) == 1, marker
-    return lines[0]
-
-
-def assert_located(err: pytest.ExceptionInfo, marker: str, *fragments: str) -> None:
-    msg = str(err.value)
-    assert f"test_dsl.py:{line_of(marker)}: " in msg, msg
-    assert err.value.lineno == line_of(marker)
-    for frag in fragments:
-        assert frag in msg, msg
 
 
 # ---------------------------------------------------------------- elementwise functions
@@ -360,7 +344,7 @@ def test_eager_call_runs_the_interpreter():
         affine(x, w)
 
 
-def test_call_with_a_scalar_argument_and_a_wrong_type():
+def test_call_with_a_scalar_argument():
     @function
     def scale(x: f32[3], s: f32[()]):
         return x * s
@@ -371,11 +355,6 @@ def test_call_with_a_scalar_argument_and_a_wrong_type():
 
     assert "const 2.0 : f32[]" in str(user)
     close(run(user, np.ones(3, np.float32)), np.full(3, 2, np.float32))
-    with pytest.raises(TraceError) as err:
-        @function
-        def bad(x: f32[4]):
-            return scale(x, 2.0)  # bad-call
-    assert_located(err, "bad-call", "argument 1 of @scale (%x) must be f32[3], got f32[4]")
 
 
 def make_layer(n):
@@ -444,132 +423,3 @@ def test_traced_functions_verify_and_accept_string_annotations():
 
     assert g.ir.params[1].type == f32[()] and verify(Module(g))
     close(g(np.eye(2, dtype=np.float32), np.float32(3)), 3 * np.eye(2, dtype=np.float32))
-
-
-# ---------------------------------------------------------------- errors at the user's line
-
-
-def test_shape_error_names_the_users_line():
-    with pytest.raises(TraceError) as err:
-        @function
-        def f(x: f32[3, 4], w: f32[5, 6]):
-            return x @ w  # matmul-error
-    assert_located(err, "matmul-error",
-                   "matmul: inner dimensions differ (f32[3,4] @ f32[5,6]: 4 != 5)")
-
-
-def helper_that_fails(x):
-    return x + x.T  # helper-error
-
-
-def test_error_in_a_helper_names_the_helpers_line():
-    with pytest.raises(TraceError) as err:
-        @function
-        def f(x: f32[3, 4]):
-            return helper_that_fails(x)
-    assert_located(err, "helper-error", "cannot broadcast f32[3,4] and f32[4,3]")
-
-
-ERRORS = {  # marker: (body, message fragment); each body sits on the marked line below
-    "dtypes": (lambda x, n: x + n, "different dtypes (f32[3,4] and i32[3,4])"),
-    "int-float": (lambda x, n: n * 0.5, "cannot combine i32[3,4] with the float 0.5"),
-    "int-div": (lambda x, n: n / n, "true division of i32[3,4]"),
-    "float-floordiv": (lambda x, n: x // 2.0, "floor division of f32[3,4]"),
-    "axis": (lambda x, n: dsl.sum(x, axis=2), "sum: axis 2 is out of range for rank 2"),
-    "reshape": (lambda x, n: x.reshape(5, 3), "reshape must keep the element count"),
-    "exp-int": (lambda x, n: dsl.exp(n), "exp needs a float operand"),
-    "slice-step": (lambda x, n: x[::2], "step 2 is not supported"),
-    "index": (lambda x, n: x[3], "index 3 is out of range for axis 0"),
-    "array": (lambda x, n: x + np.ones(4), "a numpy array of shape (4,)"),
-    "bool": (lambda x, n: x if x > 0 else -x, "truth value"),
-    "where": (lambda x, n: dsl.where(x, x, x), "condition must be bool"),
-    "mean-int": (lambda x, n: dsl.mean(n), "mean: needs a float tensor"),
-    "broadcast": (lambda x, n: dsl.broadcast_to(x, (4, 4)), "cannot broadcast f32[3,4] to"),
-    "concat": (lambda x, n: dsl.concatenate([x, n]), "concat along axis 0: i32[3,4] does not"),
-    "ufunc": (lambda x, n: np.add.reduce(x), "numpy's add (reduce) cannot run"),
-    "scalars": (lambda x, n: dsl.exp(2.0), "exp needs a traced value"),
-}
-
-
-@pytest.mark.parametrize("marker", sorted(ERRORS))
-def test_trace_errors(marker):
-    body, fragment = ERRORS[marker]
-    with pytest.raises(TraceError) as err:
-        @function
-        def f(x: f32[3, 4], n: i32[3, 4]):
-            return body(x, n)
-
-    msg = str(err.value)
-    assert fragment in msg, msg
-    # The message points into this file, at the lambda's line in ERRORS.
-    line = body.__code__.co_firstlineno
-    assert f"test_dsl.py:{line}: " in msg and err.value.lineno == line, msg
-
-
-def test_annotation_errors():
-    with pytest.raises(TraceError) as err:
-        @function  # missing-annotation
-        def f(x: f32[3], y):
-            return x
-    assert_located(err, "missing-annotation", "parameter 'y' of f has no type annotation")
-    with pytest.raises(TraceError, match="annotated 3, not a tensor type"):
-        @function
-        def g(x: 3):
-            return x
-    with pytest.raises(TraceError, match=r"\*rest parameters are not supported"):
-        @function
-        def h(x: f32[3], *rest: f32[3]):
-            return x
-    with pytest.raises(TraceError, match="cannot read the annotations"):
-        @function
-        def k(x: "undefined_name[3]"):  # noqa: F821
-            return x
-    with pytest.raises(TraceError, match="use a def, not a lambda"):
-        function(lambda x: x)
-    with pytest.raises(TraceError, match="decorates a Python function, not 3"):
-        function(3)
-    assert function(affine) is affine
-    with pytest.raises(TraceError, match="annotated to return f32\\[4\\] but returns f32\\[3\\]"):
-        @function
-        def r(x: f32[3]) -> f32[4]:
-            return x
-
-
-def test_result_errors_and_escaped_values():
-    with pytest.raises(TraceError, match="returns nothing"):
-        @function
-        def none(x: f32[3]):
-            pass
-    with pytest.raises(TraceError, match="returns 1.0"):
-        @function
-        def scalar(x: f32[3]):
-            return 1.0
-    leaked = []
-
-    @function
-    def leak(x: f32[3]):
-        leaked.append(x)
-        return x
-
-    with pytest.raises(TraceError, match="whose tracing has finished"):
-        @function
-        def late(y: f32[3]):
-            return y + leaked[0]
-
-    with pytest.raises(TraceError, match="pass it as a parameter"):
-        @function
-        def outer(x: f32[3]):
-            @function
-            def inner(y: f32[3]):
-                return y + x
-            return inner(x)
-
-
-def test_tracers_are_hashable_and_len():
-    @function
-    def f(x: f32[3, 4]):
-        seen = {x: 1}
-        assert seen[x] == 1 and len(x) == 3
-        return x
-
-    assert f.ir.returns == ("x",)
