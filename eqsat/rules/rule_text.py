@@ -1,0 +1,269 @@
+"""The text syntax of rules: a tokenizer and a recursive-descent parser producing the terms of
+`lang` (see its docstring for the syntax). Every error is a ParseError with line and column."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ParseError
+from ..ir.ops import OPS
+from ..ir.types import DTYPES
+from .lang import COND_FNS, Arith, Cond, Fn, Node, Num, Pattern, Pos, Rule, Var
+
+_TOKEN = re.compile(r"""
+    (?P<ws>[ \t\r\f\v]+) | (?P<nl>\n) | (?P<comment>\#[^\n]*)
+  | (?P<var>\?[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|inf\b|nan\b)
+  | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<op>=>|==|!=|<=|>=|[()\[\],:=<>+\-*/])
+""", re.VERBOSE)
+
+
+@dataclass(frozen=True)
+class Tok:
+    kind: str
+    text: str
+    line: int
+    col: int
+
+
+def _tokenize(text: str) -> list[Tok]:
+    toks: list[Tok] = []
+    pos, line, start = 0, 1, 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None:
+            raise ParseError(f"unexpected character {text[pos]!r}", line, pos - start + 1)
+        if m.lastgroup == "nl":
+            toks.append(Tok("nl", "\n", line, pos - start + 1))
+            line, start = line + 1, m.end()
+        elif m.lastgroup not in ("ws", "comment"):
+            toks.append(Tok(m.lastgroup, m.group(), line, pos - start + 1))
+        pos = m.end()
+    toks.append(Tok("eof", "", line, pos - start + 1))
+    return toks
+
+
+class RuleParser:
+    """Parses rule text; `line0`/`col0` offset positions when the text is part of a larger one."""
+
+    def __init__(self, text: str, line0: int = 0, col0: int = 0):
+        self.toks = _tokenize(text)
+        self.i = 0
+        self.line0, self.col0 = line0, col0
+
+    def pos(self, t: Tok) -> Pos:
+        return (t.line + self.line0, t.col + (self.col0 if t.line == 1 else 0))
+
+    @property
+    def tok(self) -> Tok:
+        return self.toks[self.i]
+
+    def error(self, msg: str, t: Tok | None = None) -> ParseError:
+        t = t or self.tok
+        line, col = self.pos(t)
+        return ParseError(msg, line, col)
+
+    def next(self) -> Tok:
+        t = self.tok
+        self.i += 1
+        return t
+
+    def accept(self, text: str) -> Tok | None:
+        if self.tok.text == text and self.tok.kind in ("op", "ident"):
+            return self.next()
+        return None
+
+    def expect(self, text: str, what: str | None = None) -> Tok:
+        t = self.accept(text)
+        if t is None:
+            got = "end of line" if self.tok.kind in ("nl", "eof") else repr(self.tok.text)
+            raise self.error(f"expected {what or repr(text)}, got {got}")
+        return t
+
+    def skip_nl(self) -> None:
+        while self.tok.kind == "nl":
+            self.next()
+
+    # -------------------------------------------------------------- rules
+
+    def rules(self) -> list[Rule]:
+        out = []
+        self.skip_nl()
+        while self.tok.kind != "eof":
+            out.append(self.rule())
+            if self.tok.kind not in ("nl", "eof"):
+                raise self.error(f"unexpected {self.tok.text!r} after the rule")
+            self.skip_nl()
+        return out
+
+    def rule(self) -> Rule:
+        kind = "rewrite"
+        head = self.tok
+        if self.accept("analysis"):
+            kind = "analysis"
+            self.expect("rule")
+        elif not self.accept("rule"):
+            raise self.error(f"expected 'rule NAME: LHS => RHS', got {head.text!r}")
+        name = self.next()
+        if name.kind != "ident":
+            raise self.error("expected the rule's name", name)
+        self.expect(":")
+        lhs = self.pattern()
+        self.expect("=>", "'=>'")
+        rhs = self.pattern()
+        conds: list[Cond] = []
+        if self.accept("if"):
+            conds.append(self.cond())
+            while self.accept(",") or self.accept("and"):
+                conds.append(self.cond())
+        return Rule(name.text, lhs, rhs, tuple(conds), kind, pos=self.pos(head))
+
+    def pattern(self) -> Pattern:
+        t = self.tok
+        if t.kind == "var":
+            self.next()
+            return Var(t.text[1:], self.pos(t))
+        if t.kind != "ident":
+            raise self.error(f"expected a pattern (?x or op(...)), got {t.text or 'end of line'!r}")
+        self.next()
+        if t.text not in OPS:
+            raise self.error(f"unknown op {t.text!r}", t)
+        self.expect("(")
+        args: list[Pattern] = []
+        attrs: list[tuple[str, Any]] = []
+        first = True
+        while not self.accept(")"):
+            if not first:
+                self.expect(",", "',' or ')'")
+            first = False
+            if t.text == "const" and not args and not attrs and self.tok.text != ")":
+                attrs.append(("value", self.value()))
+                continue
+            if self.tok.kind == "ident" and self.toks[self.i + 1].text == "=":
+                key = self.next()
+                self.next()
+                attrs.append((key.text, self.attr_value()))
+            else:
+                if attrs:
+                    raise self.error("operands come before attributes")
+                args.append(self.pattern())
+        return Node(t.text, tuple(args), tuple(attrs), self.pos(t))
+
+    def attr_value(self) -> Any:
+        t = self.tok
+        if t.kind == "var":
+            self.next()
+            return Var(t.text[1:], self.pos(t))
+        if self.accept("["):
+            vals: list[int] = []
+            while not self.accept("]"):
+                if vals:
+                    self.expect(",", "',' or ']'")
+                vals.append(self.integer())
+            return tuple(vals)
+        if t.kind == "ident" and t.text in DTYPES:
+            self.next()
+            return t.text
+        return self.integer()
+
+    def integer(self) -> int:
+        neg = self.accept("-")
+        t = self.next()
+        if t.kind != "number" or not t.text.isdigit():
+            raise self.error(f"expected an integer, got {t.text!r}", t)
+        return -int(t.text) if neg else int(t.text)
+
+    # const values: + - * / over literals, ?vars and size(?s)
+    def value(self) -> Any:
+        left = self.product()
+        while self.tok.text in ("+", "-"):
+            op = self.next()
+            left = Arith(op.text, (left, self.product()), self.pos(op))
+        return left
+
+    def product(self) -> Any:
+        left = self.atom()
+        while self.tok.text in ("*", "/"):
+            op = self.next()
+            left = Arith(op.text, (left, self.atom()), self.pos(op))
+        return left
+
+    def atom(self) -> Any:
+        t = self.tok
+        if self.accept("-"):
+            inner = self.atom()
+            if isinstance(inner, Num):
+                return Num(-inner.value, self.pos(t))
+            return Arith("neg", (inner,), self.pos(t))
+        if self.accept("("):
+            v = self.value()
+            self.expect(")")
+            return v
+        if t.kind == "var":
+            self.next()
+            return Var(t.text[1:], self.pos(t))
+        if t.kind == "number":
+            self.next()
+            is_int = t.text.isdigit()
+            return Num(int(t.text) if is_int else float(t.text), self.pos(t))
+        if t.text in ("true", "false"):
+            self.next()
+            return Num(int(t.text == "true"), self.pos(t))
+        if self.accept("size"):
+            self.expect("(")
+            v = self.tok
+            if v.kind != "var":
+                raise self.error("size() takes a variable", v)
+            self.next()
+            self.expect(")")
+            return Arith("size", (Var(v.text[1:], self.pos(v)),), self.pos(t))
+        raise self.error(f"expected a constant value, got {t.text or 'end of line'!r}")
+
+    # -------------------------------------------------------------- conditions
+
+    def cond(self) -> Cond:
+        t = self.tok
+        if self.accept("is_float"):
+            self.expect("(")
+            v = self.cond_var()
+            self.expect(")")
+            return Cond("is_float", v, None, self.pos(t))
+        left = self.term()
+        op = self.tok
+        if op.text not in ("==", "!=", "<", "<=", ">", ">="):
+            raise self.error(f"expected a comparison (== != < <= > >=), got {op.text!r}")
+        self.next()
+        return Cond(op.text, left, self.term(), self.pos(t))
+
+    def cond_var(self) -> Var:
+        t = self.next()
+        if t.kind != "var":
+            raise self.error(f"expected a variable, got {t.text!r}", t)
+        return Var(t.text[1:], self.pos(t))
+
+    def term(self) -> Any:
+        t = self.tok
+        if t.kind == "ident" and t.text in COND_FNS:
+            self.next()
+            self.expect("(")
+            v = self.cond_var()
+            index = 0
+            if t.text == "dim":
+                self.expect(",")
+                index = self.integer()
+            self.expect(")")
+            return Fn(t.text, v, index)
+        if t.kind == "ident" and t.text in DTYPES:
+            self.next()
+            return t.text
+        if t.kind == "var":
+            self.next()
+            return Var(t.text[1:], self.pos(t))
+        if t.kind == "number" or t.text == "-":
+            return self.integer()
+        raise self.error(f"expected a condition term (shape(?x), rank(?x), dim(?x, i), size(?x), "
+                         f"dtype(?x), len(?p), an integer or a dtype), got {t.text!r}")
+
+
