@@ -6,10 +6,13 @@ r_hi + r_lo, with |r| about pi/4 at most.
 - Cody-Waite, for |x| < `SMALL_LIMIT`: n = rint(x 2/pi), pi/2 in three parts and fused
   multiply-adds, the rounding of the last steps carried in r_lo.
 - Payne-Hanek, for larger |x| (up to the largest float): with x = M 2^e, M an integer of the
-  format's precision, only the bits of 2/pi from about 2^-e on matter for x 2/pi modulo 4. A
-  constant table holds them per exponent in four chunks of the format's width; M times each
-  chunk is exact as a two-product, integers are dropped along the way, and the remaining
-  fraction (several times the precision of the format) is multiplied by pi/2 in double-double.
+  format's precision, only the bits of 2/pi from about 2^-e on matter for x 2/pi modulo 4.
+  f64: a constant table holds them per exponent in four chunks of 53 bits; M times each chunk
+  is exact as a two-product, integers are dropped along the way, and the remaining fraction
+  is multiplied by pi/2 in double-double. f32: no table load (a table load per element becomes
+  a gather, slow on x86): a 96-bit window of 2/pi is picked by selects among a few 32-bit
+  words and shifted into place, and M times it in 64-bit integers gives the quadrant and 62
+  fraction bits.
 Then sin r and cos r by polynomials in r^2 (with r_lo's first-order term), and n mod 4 picks
 and signs one. f32 works in f32 throughout; results are within 2 ulp of the correctly rounded
 value over the whole finite range (tests/test_mathlib.py).
@@ -32,8 +35,8 @@ _R_MAX = 0.7856  # pi/4 plus the slack of rounding n; the polynomials are fitted
 
 
 # float bits -> widths of the chunks of 2/pi per exponent (their sum: bits of (2^e' 2/pi) mod 4
-# kept); f32 keeps two f64 chunks, the first narrow enough that M times it is exact in f64
-_WIDTHS = {64: (53, 53, 53, 53), 32: (29, 53)}
+# kept); the table serves f64 only, f32 picks its bits of 2/pi with selects (_f32_words)
+_WIDTHS = {64: (53, 53, 53, 53)}
 
 
 @functools.cache
@@ -71,9 +74,9 @@ def _table(e: Emit) -> ir.GlobalVariable:
     return g
 
 
-def _chunks(e: Emit, ax: Value, table_emit: Emit) -> tuple[list[Value], Value]:
+def _chunks(e: Emit, ax: Value) -> tuple[list[Value], Value]:
     """The table's chunks for |x|'s exponent, and M, |x|'s significand as an integer-valued
-    float of the table's type."""
+    float (f64)."""
     widths = _WIDTHS[e.bits]
     bits = e.to_bits(ax)
     ex = e.b.sub(e.b.lshr(bits, e.ci(e.mant)), e.ci(e.bias))
@@ -85,25 +88,64 @@ def _chunks(e: Emit, ax: Value, table_emit: Emit) -> tuple[list[Value], Value]:
     chunks = [e.b.load(e.b.gep(table, [zero, e.b.add(idx, e.ci(j))], inbounds=True))
               for j in range(len(widths))]
     m_bits = e.b.or_(e.b.and_(bits, e.ci((1 << e.mant) - 1)), e.ci((e.bias + e.mant) << e.mant))
-    m = e.from_bits(m_bits)
-    if e.bits == 32:
-        m = e.widen(m, table_emit.ty)
-    return chunks, m
+    return chunks, e.from_bits(m_bits)
+
+
+# f32 Payne-Hanek in integers: |x| = m 2^(E-150) with a 24-bit m and the biased exponent E in
+# [_E_LO, 254]; a 96-bit window of 2/pi starting at bit E - 151 (bit j weighs 2^-j) gives
+# x 2/pi mod 4 in 2.62 fixed point. The windows of all those E lie in _F32_WORDS words of 2/pi
+# (starting at bit _E_LO - 151, leading bits zero), picked by selects over buckets of 32 E.
+_E_LO = 127 + 12  # SMALL_LIMIT[32] = 2^12
+_F32_WORDS = 7  # 4 buckets of 32 exponents (a <= 116), each needing 4 words
+
+
+@functools.cache
+def _f32_words() -> list[int]:
+    """2/pi as 32-bit words, its bit `_E_LO - 151 + 32 w` the top bit of word w."""
+    nbits = 32 * _F32_WORDS
+    frac = nbits - 1 + (_E_LO - 151)  # weight of the top bit: 2^-(E_LO - 151)
+    t = fit.two_over_pi_fixed(frac)
+    return [(t >> (nbits - 32 * (w + 1))) & 0xFFFFFFFF for w in range(_F32_WORDS)]
 
 
 def _reduce_large_f32(e: Emit, x: Value) -> tuple[Value, Value, Value]:
-    """Payne-Hanek for f32, in f64: two chunks carry 80 fraction bits of (2^e' 2/pi) mod 4."""
+    """Payne-Hanek for f32 without table loads (so without gathers once vectorized): the three
+    window words come from selects and variable shifts; m times the window in 64-bit integers
+    leaves the quadrant in the top two bits and 62 fraction bits below, with an error under
+    2^-61 quarter turns (the product's dropped low bits)."""
+    b = e.b
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    bits = e.to_bits(x)
+    big_e = b.and_(b.lshr(bits, e.ci(23)), e.ci(0xFF))
+    a = b.sub(big_e, e.ci(_E_LO))
+    a = b.select(b.icmp_signed("<", a, e.ci(0)), e.ci(0), a)  # small |x|: unused garbage
+    k = b.lshr(a, e.ci(5))
+    sh = b.and_(a, e.ci(31))
+    words = _f32_words()
+    # k in [0, 3]: a two-level select tree on its bits (shorter dependency chain than a ladder)
+    k0 = b.icmp_unsigned("!=", b.and_(k, e.ci(1)), e.ci(0))
+    k1 = b.icmp_unsigned("!=", b.and_(k, e.ci(2)), e.ci(0))
+
+    def word(i: int) -> Value:  # words[k + i]
+        pick = [e.ci(words[j + i]) for j in range(4)]
+        return b.select(k1, b.select(k0, pick[3], pick[2]), b.select(k0, pick[1], pick[0]))
+
+    ws = [word(i) for i in range(4)]
+    rsh = b.sub(e.ci(31), sh)  # two shifts, so that sh = 0 never shifts by 32
+    win = [b.or_(b.shl(ws[i], sh), b.lshr(b.lshr(ws[i + 1], e.ci(1)), rsh)) for i in range(3)]
+    m = b.or_(b.and_(bits, e.ci(0x7FFFFF)), e.ci(0x800000))
+    m64 = b.zext(m, i64)
+    top = b.shl(b.zext(b.mul(m, win[0]), i64), ir.Constant(i64, 32))  # higher bits: multiples of 4
+    mid = b.mul(m64, b.zext(win[1], i64))
+    low = b.lshr(b.mul(m64, b.zext(win[2], i64)), ir.Constant(i64, 32))
+    y = b.add(b.add(top, mid), low)
+    q = b.lshr(b.add(y, ir.Constant(i64, 1 << 61)), ir.Constant(i64, 62))  # nearest quadrant
+    f = b.sub(y, b.shl(q, ir.Constant(i64, 62)))  # signed, |f| <= 2^61
     d = e.at(ir.DoubleType())
-    (c0, c1), m = _chunks(e, e.fabs(x), d)
-    p0 = d.mul(m, c0)  # exact: 24 + 29 bits
-    h = d.sub(p0, d.mul(d.floor(d.mul(p0, 0.25)), 4.0))
-    k0 = d.rint(h)
-    s = d.fma(m, c1, d.sub(h, k0))  # exact when the result is tiny, else off 2^-53 relatively
-    k1 = d.rint(s)
-    r = d.mul(d.sub(s, k1), float(fit.pi() / 2))
+    r = d.mul(b.sitofp(f, d.ty), float(fit.pi() / 2 / 2**62))
     r_hi = e.narrow(r, e.ty)
     r_lo = e.narrow(d.sub(r, e.widen(r_hi, d.ty)), e.ty)
-    n = e.narrow(d.add(k0, k1), e.ty)
+    n = b.uitofp(b.trunc(q, i32), e.ty)
     neg = e.lt(x, 0.0)
     return (e.sel(neg, e.neg(n), n), e.sel(neg, e.neg(r_hi), r_hi), e.sel(neg, e.neg(r_lo), r_lo))
 
@@ -112,7 +154,7 @@ def _reduce_large(e: Emit, x: Value) -> tuple[Value, Value, Value]:
     """Payne-Hanek: (n, r_hi, r_lo) for finite |x| >= SMALL_LIMIT (garbage elsewhere)."""
     if e.bits == 32:
         return _reduce_large_f32(e, x)
-    chunks, m = _chunks(e, e.fabs(x), e)
+    chunks, m = _chunks(e, e.fabs(x))
     p0, q0 = e.two_prod(m, chunks[0])
     p1, q1 = e.two_prod(m, chunks[1])
     p2, q2 = e.two_prod(m, chunks[2])
