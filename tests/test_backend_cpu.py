@@ -350,7 +350,7 @@ func @f(%x: f32[1024,2048], %y: f32[1024,2048], %a: i32[512,64], %b: i32[64,64])
   %p = matmul %a, %b : i32[512,64]
   return %m, %s, %t, %p
 }""")
-    assert "pthread_create" in emit_llvm(m)
+    assert "eqsat_parallel" in emit_llvm(m)  # the thread pool (parallel.py)
     rng = np.random.default_rng(4)
     args = [rng.standard_normal((1024, 2048)).astype(np.float32) for _ in range(2)]
     args += [rng.integers(-100, 100, s).astype(np.int32) for s in ((512, 64), (64, 64))]

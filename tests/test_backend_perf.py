@@ -287,8 +287,8 @@ func @f(%x: f32[64,64]) -> (f32[64,64], f32[64,64]) {
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_blas_products_split_over_threads(fresh, threads: int) -> None:
-    """Row blocks of one product (odd row counts, transposed operands, an epilogue) and whole
-    batches run on our threads, each calling the BLAS on one thread."""
+    """A lone product (odd row counts, transposed operands, an epilogue) runs on the BLAS's own
+    threads; whole batches run on ours, each calling the BLAS on one thread."""
     fresh(threads, 0)
     rng = np.random.default_rng(12)
     for m in (129, 300):
@@ -305,7 +305,7 @@ func @f(%a: f32[{m},96], %bt: f32[80,96], %c: f32[80], %x: f32[6,70,64], %y: f32
 
 
 def test_cached_blas_code_loads_without_scipy_linalg(tmp_path) -> None:
-    """A cached compile binds the BLAS symbols from scipy's bundled OpenBLAS by path: no
+    """A cached compile binds the BLAS symbols from a wheel's bundled OpenBLAS by path: no
     scipy.linalg import (a few hundred milliseconds) on the way."""
     pytest.importorskip("scipy")
     script = f"""
@@ -328,3 +328,74 @@ print("scipy.linalg" in sys.modules)
         out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                              check=True).stdout.split()
         assert out[-1] == "False"
+
+
+POOL_TEXT = """module @m
+func @f(%x: f32[512,1024], %y: f32[512,1024]) -> f32[512] {
+  %m = mul %x, %y : f32[512,1024]
+  %s = sum %m, axes=[1] : f32[512]
+  return %s
+}
+"""
+
+
+def test_pool_serves_concurrent_callers(fresh) -> None:
+    """Several Python threads calling threaded kernels at once: one holds the pool, the others
+    run their shares on their own thread; every answer is right."""
+    import threading
+    fresh(3, 0)
+    m = parse(POOL_TEXT)
+    exe = compile_module(m, cache_dir=None)
+    rng = np.random.default_rng(13)
+    inputs = [[rng.standard_normal((512, 1024)).astype(np.float32) for _ in range(2)]
+              for _ in range(4)]
+    wants = [eqsat.interpret(m, "f", *args) for args in inputs]
+    errors: list[str] = []
+
+    def work(k: int) -> None:
+        for _ in range(20):
+            if not np.allclose(exe("f", *inputs[k]), wants[k], rtol=1e-4, atol=1e-3):
+                errors.append(f"caller {k}: wrong sums")
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_pool_rebuilt_in_forked_child() -> None:
+    """A forked child has no pool workers (fork copies only the calling thread): the pool starts
+    anew there instead of waiting forever on workers that do not exist."""
+    script = f"""
+import os, sys
+import numpy as np
+from eqsat.ir import parse
+from eqsat.backend import compile_module, parallel
+parallel.THREADS, parallel.PARALLEL_MIN_WORK = 2, 0
+exe = compile_module(parse({POOL_TEXT!r}), cache_dir=None)
+x = np.linspace(-1, 1, 512 * 1024, dtype=np.float32).reshape(512, 1024)
+want = (x * x).sum(axis=1)
+assert np.allclose(exe("f", x, x), want, rtol=1e-4)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if np.allclose(exe("f", x, x), want, rtol=1e-4) else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out[-1] == "0"
+
+
+def test_blas_integer_width_names_the_symbols() -> None:
+    """Code built for a 64-bit-integer BLAS calls differently named gemms than code for a
+    32-bit one, so cached objects never link to a BLAS of the other width."""
+    from eqsat.backend import blas
+    from eqsat.ir.types import DType
+    if not blas.available():
+        pytest.skip("no host BLAS")
+    sym = blas.gemm_symbol(DType.f32)
+    assert sym in blas.addresses()
+    assert sym.endswith(blas.ILP64_SUFFIX) == (blas.int_type().width == 64)

@@ -1,6 +1,7 @@
-"""The host BLAS: scipy's sgemm/dgemm (from its bundled OpenBLAS, else `cython_blas`'s function
-pointers), bound to symbols that generated code calls (`eqsat_sgemm`, `eqsat_dgemm`), so cached
-object code stays valid across processes."""
+"""The host BLAS: sgemm/dgemm of the OpenBLAS bundled with numpy (ILP64) or scipy, else
+`cython_blas`'s function pointers, bound to symbols that generated code calls (`eqsat_sgemm`,
+`eqsat_dgemm`, with a suffix for 64-bit integers), so cached object code stays valid across
+processes."""
 
 from __future__ import annotations
 
@@ -12,42 +13,56 @@ from pathlib import Path
 from llvmlite import ir
 
 from ..ir.types import DType
-from .scalar import I8, I32, declare, llvm_type
+from .scalar import I8, I32, I64, declare, llvm_type
 
 SYMBOLS = {DType.f32: ("eqsat_sgemm", "sgemm"), DType.f64: ("eqsat_dgemm", "dgemm")}
 # `int f(int n)`: set the calling thread's OpenBLAS thread count, returning the old one. Our
-# threads split products themselves; OpenBLAS's own workers spin after each call and would
-# take the cores our next kernel needs.
+# own threads call the BLAS single-threaded; a lone large product uses OpenBLAS's threads.
 THREADS_SYMBOL, THREADS_NAME = "eqsat_blas_threads", "openblas_set_num_threads_local"
+# Where the BLAS takes 64-bit integers its gemms are bound under these names instead, so code
+# built for one integer width never links to the other's BLAS (object code is cached on disk).
+ILP64_SUFFIX = "64"
+# The OpenBLAS builds bundled with the wheels, best first: (package, library glob, the gemms'
+# name suffix, 64-bit integers). numpy's comes first: its thread pool is the one numpy's own
+# products have just woken, so our products do not queue behind a second pool's spinning
+# workers (measured: 2.3 ms versus 4.1-5.8 ms for 256x784 @ 784x1024 right after numpy's).
+_BUNDLED = (("numpy", "libscipy_openblas64_*.so*", "_64_", True),
+            ("scipy", "libscipy_openblas-*.so*", "_", False))
 
 
 def _bundled() -> dict[str, int]:
-    """The gemms of the OpenBLAS bundled with scipy's wheel, found by path and loaded with
-    ctypes: importing scipy.linalg for them would cost a cached compile ~0.2 s."""
-    spec = importlib.util.find_spec("scipy")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    libs = Path(next(iter(spec.submodule_search_locations))).parent / "scipy.libs"
-    for path in sorted(libs.glob("libscipy_openblas-*.so*")):
-        try:
-            lib = ctypes.CDLL(str(path))
-            found = {symbol: ctypes.cast(getattr(lib, f"scipy_{name}_"), ctypes.c_void_p).value
-                     for symbol, name in SYMBOLS.values()}
-        except (OSError, AttributeError):
+    """The gemms of an OpenBLAS bundled with numpy's or scipy's wheel, found by path and loaded
+    with ctypes: importing scipy.linalg for them would cost a cached compile ~0.2 s."""
+    for package, pattern, suffix, ilp64 in _BUNDLED:
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
             continue
-        if all(found.values()):
+        libs = Path(next(iter(spec.submodule_search_locations))).parent / f"{package}.libs"
+        for path in sorted(libs.glob(pattern)):
+            try:
+                lib = ctypes.CDLL(str(path))
+                found = {symbol: ctypes.cast(getattr(lib, f"scipy_{name}{suffix}"),
+                                             ctypes.c_void_p).value
+                         for symbol, name in SYMBOLS.values()}
+            except (OSError, AttributeError):
+                continue
+            if not all(found.values()):
+                continue
             try:
                 setter = getattr(lib, THREADS_NAME)
                 found[THREADS_SYMBOL] = ctypes.cast(setter, ctypes.c_void_p).value
             except AttributeError:
                 pass
+            if ilp64:
+                found = {(k + ILP64_SUFFIX if k != THREADS_SYMBOL else k): v
+                         for k, v in found.items()}
             return {k: int(v) for k, v in found.items() if v}
     return {}
 
 
 @functools.cache
 def addresses() -> dict[str, int]:
-    """The address of each gemm by the symbol generated code uses; empty without scipy."""
+    """The address of each gemm by the symbol generated code uses; empty without a BLAS."""
     found = _bundled()
     if found:
         return found
@@ -71,6 +86,26 @@ def available() -> bool:
     return bool(addresses())
 
 
+def int_type() -> ir.IntType:
+    """The BLAS's integer type: 64 bits for numpy's ILP64 OpenBLAS, else 32."""
+    return I64 if SYMBOLS[DType.f32][0] + ILP64_SUFFIX in addresses() else I32
+
+
+def gemm_symbol(dtype: DType) -> str:
+    """The symbol generated code calls for `dtype`'s gemm in this process."""
+    return SYMBOLS[dtype][0] + (ILP64_SUFFIX if int_type() is I64 else "")
+
+
+def all_gemm_symbols() -> list[str]:
+    """Every gemm symbol generated code may call, whatever the integer width."""
+    return [sym + sfx for sym, _ in SYMBOLS.values() for sfx in ("", ILP64_SUFFIX)]
+
+
+def calls_gemm(module: ir.Module) -> bool:
+    """Whether `module` declares a gemm."""
+    return any(sym in module.globals for sym in all_gemm_symbols())
+
+
 def declare_threads(module: ir.Module) -> ir.Function | None:
     """The OpenBLAS thread-count setter (see THREADS_SYMBOL), or None where unavailable."""
     if THREADS_SYMBOL not in addresses():
@@ -82,6 +117,6 @@ def declare_gemm(module: ir.Module, dtype: DType) -> ir.Function:
     """The Fortran gemm signature: every argument by pointer (transa, transb, m, n, k, alpha,
     a, lda, b, ldb, beta, c, ldc)."""
     e = llvm_type(dtype).as_pointer()
-    i, c = I32.as_pointer(), I8.as_pointer()
+    i, c = int_type().as_pointer(), I8.as_pointer()
     args = [c, c, i, i, i, e, e, i, e, i, e, e, i]
-    return declare(module, SYMBOLS[dtype][0], ir.VoidType(), args)
+    return declare(module, gemm_symbol(dtype), ir.VoidType(), args)

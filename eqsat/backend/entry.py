@@ -317,7 +317,7 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                     group.members.append(m)  # runs alone
                     flush()
         flush()
-        if any(sym in llmod.globals for sym, _ in blas.SYMBOLS.values()):
+        if blas.calls_gemm(llmod):
             _one_blas_thread(fn, b, blas.declare_threads(llmod))
         for k, v in plan.copies:
             out = b.load(b.gep(fn.args[1], [i64(k)], inbounds=True))

@@ -99,14 +99,33 @@ def compile_object(text: str) -> bytes:
     return target_machine().emit_object(optimize(text))
 
 
+_runtime: list["Code"] = []  # the thread pool's engine, kept alive for the process
+
+
+@functools.cache
+def _bind_pool() -> None:
+    # Built once per process, unoptimized: control code, as fast as its semaphores either way,
+    # and ready in ~12 ms instead of ~40 at O3 (a cached compile pays it).
+    from . import parallel  # here: parallel imports the kernel builders, which need jit
+    triple, cpu, features = host()
+    mod = llvm.parse_assembly(parallel.runtime_ir(triple, data_layout()))
+    mod.verify()
+    tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=0)
+    code = Code(tm.emit_object(mod))
+    _runtime.append(code)
+    llvm.add_symbol(parallel.POOL_SYMBOL, code.address("eqsat.pool.run"))
+
+
 class Code:
     """Object code loaded into an MCJIT engine: symbol addresses stay valid while it lives."""
 
     def __init__(self, obj: bytes):
         _init()
-        if any(symbol.encode() in obj for symbol, _ in blas.SYMBOLS.values()) or \
+        if any(symbol.encode() in obj for symbol in blas.all_gemm_symbols()) or \
                 blas.THREADS_SYMBOL.encode() in obj:
             _bind_blas()
+        if b"eqsat_parallel" in obj:
+            _bind_pool()
         triple = host()[0]
         empty = llvm.parse_assembly(f'target triple = "{triple}"\n')
         self.engine = llvm.create_mcjit_compiler(empty, target_machine())

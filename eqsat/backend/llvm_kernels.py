@@ -25,9 +25,6 @@ from .scalar import I8, I32, I64, LoweringError, const, emit_scalar, intrinsic, 
 # Products with at least this many multiply-adds go to the host BLAS; smaller ones are loops
 # (a BLAS call costs about a microsecond before it does any work).
 BLAS_MIN_FLOPS = 64 * 64 * 64
-# A single (unbatched) BLAS product is cut into one block of C's rows per thread, when each
-# block gets at least BLOCK_MIN_ROWS rows.
-BLOCK_MIN_ROWS = 64
 # The alignment of every result array the runtime allocates (so a streamed row needs no
 # unaligned head, see loops.streamed_nest).
 STREAM_ALIGN = 64
@@ -381,8 +378,9 @@ def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
     ta, lda_v, bsa = _gemm_operand((*bshape, m, k), ta, views[0])
     tb, ldb_v, bsb = _gemm_operand((*bshape, k, n), tb, views[1])
     trans_b, trans_a = slot(I8, ord("T" if tb else "N")), slot(I8, ord("T" if ta else "N"))
-    mm, nn, kk = slot(I32, n), slot(I32, m), slot(I32, k)
-    ldb, lda, ldc = slot(I32, ldb_v), slot(I32, lda_v), slot(I32, n)
+    bi = blas.int_type()
+    mm, nn, kk = slot(bi, n), slot(bi, m), slot(bi, k)
+    ldb, lda, ldc = slot(bi, ldb_v), slot(bi, lda_v), slot(bi, n)
     alpha, beta = slot(ety, 1.0), slot(ety, 0.0)
 
     def batch_offset(t: ir.Value, strides: Sequence[int]) -> ir.Value:
@@ -394,25 +392,26 @@ def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
             inner *= bshape[d]
         return off
 
-    # Our threads split the products (whole batches, else blocks of C's rows), with the BLAS
-    # itself on one thread (see blas.py): its own spinning workers would fight ours.
+    # Our threads split batches, each calling the BLAS single-threaded (the entry sets it so);
+    # a lone product runs on the BLAS's own threads, which split it better than row blocks
+    # (the operand each block shares is packed once, not per block) and are the pool numpy's
+    # products use too (see blas.py).
     from .parallel import THREADS  # here: parallel imports this module
-    blocks = THREADS if batch == 1 and m >= THREADS * BLOCK_MIN_ROWS else 1
-    a_row = (1 if ta else k) if views[0] is None else views[0][-2]
-    with for_range(b, lo, hi, name="part") as part:
-        t, blk = b.udiv(part, i64(blocks)), b.urem(part, i64(blocks))
-        r0 = b.udiv(b.mul(blk, i64(m)), i64(blocks))
-        r1 = b.udiv(b.mul(b.add(blk, i64(1)), i64(m)), i64(blocks))
-        b.store(b.trunc(b.sub(r1, r0), I32), nn)
-        pa_t = b.gep(pa, [b.add(batch_offset(t, bsa), b.mul(r0, i64(a_row)))], inbounds=True)
+    setter = blas.declare_threads(kb.module) if batch == 1 and THREADS > 1 else None
+    if setter is not None:
+        b.call(setter, [ir.Constant(I32, THREADS)])
+    with for_range(b, lo, hi, name="batch") as t:
+        pa_t = b.gep(pa, [batch_offset(t, bsa)], inbounds=True)
         pb_t = b.gep(pb, [batch_offset(t, bsb)], inbounds=True)
-        pc_t = b.gep(c, [b.add(b.mul(t, i64(m * n)), b.mul(r0, i64(n)))], inbounds=True)
+        pc_t = b.gep(c, [b.mul(t, i64(m * n))], inbounds=True)
         b.call(gemm, [trans_b, trans_a, mm, nn, kk, alpha, pb_t, ldb, pa_t, lda, beta, pc_t, ldc])
         if epilogue is not None:
-            with for_range(b, r0, r1, name="erow") as i:
+            with for_range(b, 0, m, name="erow") as i:
                 epilogue(b, ptrs[2:], c, b.add(b.mul(t, i64(m)), i))
+    if setter is not None:
+        b.call(setter, [ir.Constant(I32, 1)])
     b.ret_void()
-    return Kernel(fn, batch * blocks, 2 * batch * m * n * k)
+    return Kernel(fn, batch, 2 * batch * m * n * k)
 
 
 def blas_pays(out: TensorType, k: int) -> bool:
