@@ -16,8 +16,8 @@ import numpy as np
 
 import eqsat
 
-STEPS = 60
-LEARNING_RATE = 0.5
+STEPS = 100
+LEARNING_RATE = 0.1
 
 
 def synthetic_data(rng: np.random.Generator) -> tuple[np.ndarray, ...]:
