@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ir.module import Stmt
-from ..ir.ops import OPS
+from ..ir.ops import lookup
 from ..ir.types import DType, TensorType
 from . import blas
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
@@ -497,8 +497,7 @@ KERNELS: dict[str, Builder] = {
 
 def build_kernel(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     """The kernel computing statement `s` from operands of types `ins`."""
-    op = OPS.get(s.op)
-    builder = KERNELS.get(s.op) or (KERNELS.get(op.family) if op is not None else None)
+    builder = lookup(KERNELS, s.op)
     if builder is None:
         raise LoweringError(f"the CPU backend cannot lower op {s.op!r} "
                             f"(%{', %'.join(s.results)} = {s.op} ...: no kernel for it)")

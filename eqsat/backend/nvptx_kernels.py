@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ir.module import Stmt
-from ..ir.ops import OPS
+from ..ir.ops import lookup
 from ..ir.types import DType, TensorType
 from . import nvptx_target as T
 from .scalar import I32, I64, LoweringError, llvm_type
@@ -194,8 +194,7 @@ def build_gpu_kernel(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType]) -
     """The GPU kernel computing statement `s` from operands of types `ins`."""
     from . import nvptx_matmul, nvptx_pointwise, nvptx_reduce  # noqa: F401  (fill the table)
 
-    op = OPS.get(s.op)
-    builder = GPU_KERNELS.get(s.op) or (GPU_KERNELS.get(op.family) if op is not None else None)
+    builder = lookup(GPU_KERNELS, s.op)
     if builder is None:
         raise LoweringError(f"the CUDA backend cannot lower op {s.op!r} "
                             f"(%{', %'.join(s.results)} = {s.op} ...: no GPU kernel for it)")

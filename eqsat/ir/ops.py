@@ -425,6 +425,13 @@ register(OpDef("call", "call", None, _infer_call, None, attrs=(("callee", CALLEE
 # ---------------------------------------------------------------- derived sets
 
 
+def lookup(table: Mapping[str, Any], op_name: str) -> Any:
+    """The entry of a per-op table (a backend's kernels, ...) for `op_name`: by name first, then
+    by the op's family, or None."""
+    op = OPS.get(op_name)
+    return table.get(op_name) or (table.get(op.family) if op is not None else None)
+
+
 def ops_with(trait: str) -> frozenset[str]:
     """Names of the ops carrying `trait` (read at call time, so later registrations count)."""
     return frozenset(name for name, op in OPS.items() if trait in op.traits)
