@@ -7,8 +7,7 @@ The broadcast rules are generated from the op table, one per elementwise op.
 
 from __future__ import annotations
 
-from ..ir.ops import BINARY, UNARY
-from .lang import RuleSet, parse
+from .lang import RuleSet, parse, through_elementwise
 
 IDENTITIES = """
 rule mul_one: mul(?x, const(1.0)) => ?x
@@ -53,14 +52,8 @@ rule reshape_same: reshape(?x, shape=?s) => ?x if shape(?x) == ?s
 """
 
 def _broadcast_rules() -> str:
-    lines = []
-    for op in sorted(UNARY):
-        lines.append(f"rule {op}_of_bcast: {op}(broadcast(?x, shape=?s)) => "
-                     f"broadcast({op}(?x), shape=?s)")
-    for op in sorted(BINARY):
-        lines.append(f"rule {op}_of_bcasts: {op}(broadcast(?x, shape=?s), broadcast(?y, shape=?s))"
-                     f" => broadcast({op}(?x, ?y), shape=?s) if shape(?x) == shape(?y)")
-    return "\n".join(lines)
+    return through_elementwise("broadcast({}, shape=?s)", "{op}_of_bcast", "{op}_of_bcasts",
+                               "shape(?x) == shape(?y)")
 
 
 def _folding_rules() -> str:

@@ -237,6 +237,22 @@ def parse_conds(text: str) -> tuple[Cond, ...]:
     return tuple(conds)
 
 
+def through_elementwise(wrapper: str, unary_name: str, binary_name: str,
+                        binary_cond: str = "") -> str:
+    """Rule text moving every unary and binary op of the table through `wrapper` (written with
+    `{}` where the wrapped value goes, e.g. `transpose({}, perm=?p)`): `op(W(?x)) => W(op(?x))`
+    and `op(W(?x), W(?y)) => W(op(?x, ?y))`, named `unary_name` / `binary_name` with `{op}`."""
+    from ..ir.ops import BINARY, UNARY
+
+    w = wrapper.format
+    cond = f" if {binary_cond}" if binary_cond else ""
+    lines = [f"rule {unary_name.format(op=op)}: {op}({w('?x')}) => {w(f'{op}(?x)')}"
+             for op in sorted(UNARY)]
+    lines += [f"rule {binary_name.format(op=op)}: {op}({w('?x')}, {w('?y')}) => "
+              f"{w(f'{op}(?x, ?y)')}{cond}" for op in sorted(BINARY)]
+    return "\n".join(lines)
+
+
 def var(name: str) -> Var:
     """A pattern variable for the Python API (`var("x")` is `?x`)."""
     return Var(name)

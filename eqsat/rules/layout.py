@@ -5,8 +5,7 @@ elementwise ops and broadcasts, and transposes of a matmul's operands fold into 
 
 from __future__ import annotations
 
-from ..ir.ops import BINARY, UNARY
-from .lang import RuleSet, parse
+from .lang import RuleSet, parse, through_elementwise
 
 CHAINS = """
 rule transpose_transpose: transpose(transpose(?x, perm=[1,0]), perm=[1,0]) => ?x
@@ -42,14 +41,7 @@ def _into_matmul_t() -> str:
 
 
 def _through_elementwise() -> str:
-    lines = []
-    for op in sorted(UNARY):
-        lines.append(f"rule {op}_transpose: {op}(transpose(?x, perm=?p)) => "
-                     f"transpose({op}(?x), perm=?p)")
-    for op in sorted(BINARY):
-        lines.append(f"rule {op}_transposes: {op}(transpose(?x, perm=?p), transpose(?y, perm=?p))"
-                     f" => transpose({op}(?x, ?y), perm=?p)")
-    return "\n".join(lines)
+    return through_elementwise("transpose({}, perm=?p)", "{op}_transpose", "{op}_transposes")
 
 
 def layout() -> RuleSet:
