@@ -39,27 +39,39 @@ def prepare(module: eqsat.Module, optimize: bool) -> eqsat.Module:
     return opt(module) if opt is not None else module
 
 
-def interleaved_medians(fns: dict[str, Callable[[], Any]], seconds: float, min_rounds: int = 5
+def interleaved_medians(fns: dict[str, Callable[[], Any]], seconds: float, rounds: int = 8
                         ) -> tuple[dict[str, float], dict[str, float]]:
     """Median wall seconds and median process CPU seconds (all threads) per call of each
-    function, run in rotating order round after round (so a burst of load from other
-    processes hits every contestant alike) for about `seconds`. On a loaded machine the CPU
-    time is the steadier figure for single-threaded code."""
+    function, run in `rounds` rounds of rotating order (so a burst of load from other
+    processes hits every contestant alike), each contestant calling its function for an equal
+    slice of `seconds` per round. The first call of each slice is not counted: the previous
+    contestant's thread pools (OpenBLAS, OpenMP, XLA) may still be spinning then, and its
+    data has just evicted this one's from the caches."""
     for f in fns.values():  # warm up: page faults, caches, lazy initialisation
         f()
     wall: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     names = list(fns)
-    start, rnd = time.perf_counter(), 0
-    while rnd < min_rounds or time.perf_counter() - start < seconds:
+    slice_s = seconds / (rounds * len(names))
+    for rnd in range(rounds):
         for name in names[rnd % len(names):] + names[: rnd % len(names)]:
-            c0, t0 = time.process_time(), time.perf_counter()
-            fns[name]()
-            wall[name].append(time.perf_counter() - t0)
-            cpu[name].append(time.process_time() - c0)
-        rnd += 1
+            f, calls, start = fns[name], 0, time.perf_counter()
+            while calls < 3 or time.perf_counter() - start < slice_s:
+                c0, t0 = time.process_time(), time.perf_counter()
+                f()
+                if calls:
+                    wall[name].append(time.perf_counter() - t0)
+                    cpu[name].append(time.process_time() - c0)
+                calls += 1
     return ({k: float(np.median(v)) for k, v in wall.items()},
             {k: float(np.median(v)) for k, v in cpu.items()})
+
+
+def first_call_seconds(f: Callable[[], Any]) -> float:
+    """Seconds of the first call of `f` (a peer's tracing and compiling)."""
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
 
 
 _COMPILE_SCRIPT = """

@@ -21,12 +21,32 @@ import harness  # noqa: E402
 import workloads  # noqa: E402
 
 
+# The issue's targets (time / numpy eager, measured on the issue writer's machine).
+TARGETS = {"elementwise": 0.11, "softmax": 0.095, "layernorm": 0.064, "mlp_fwd": 0.86,
+           "train_step": 0.90, "transformer": 0.25}
+
+
+def _summary_row(name: str, med: dict[str, float]) -> str:
+    """One line: eqsat opt's ratio, the best peer's, the target, and whether eqsat is ahead."""
+    base = med["numpy"]
+    ours = med.get("eqsat opt", med.get("eqsat core"))
+    peers = {k: v for k, v in med.items() if not k.startswith("eqsat") and k != "numpy"}
+    line = f"  {name:<12} eqsat {ours / base:6.3f}" if ours else f"  {name:<12} eqsat      -"
+    if peers:
+        best = min(peers, key=peers.__getitem__)
+        line += f"   best peer {best} {peers[best] / base:6.3f}"
+        line += f" ({'eqsat faster' if ours and ours < peers[best] else 'peer faster'})"
+    return line + f"   target {TARGETS.get(name, float('nan')):.3f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter timing, no compile timing")
     ap.add_argument("--only", nargs="*", help="workload names to run")
     ap.add_argument("--no-compile", action="store_true", help="skip compile-time measurement")
     ap.add_argument("--seconds", type=float, default=None, help="timing budget per workload")
+    ap.add_argument("--no-torch-compile", action="store_true",
+                    help="skip torch.compile (its first call compiles for seconds)")
     args = ap.parse_args()
     seconds = args.seconds or (1.5 if args.quick else 6.0)
     rng = np.random.default_rng(0)
@@ -39,6 +59,7 @@ def main() -> None:
              f"{'cpu ms':>8} {'/ numpy':>8} {'max rel err':>11} {'compile s (cold / cached)':>26}"
     print(header)
     print("-" * len(header))
+    summary: list[str] = []
     for w in workloads.WORKLOADS:
         if args.only and w.name not in args.only:
             continue
@@ -62,11 +83,17 @@ def main() -> None:
             jf = jax.jit(w.jax(jnp))
             jin = [jnp.asarray(a) for a in inputs]
             fns["jax.jit"] = lambda jf=jf, jin=jin: jax.block_until_ready(jf(*jin))
+            compiles["jax.jit"] = f"{harness.first_call_seconds(fns['jax.jit']):.3f} / -"
         if "torch" in peers and w.torch is not None:
             torch = peers["torch"]
             tf = w.torch(torch)
             tin = [torch.from_numpy(a) for a in inputs]
             fns["torch eager"] = lambda tf=tf, tin=tin: tf(*tin)
+            if not args.no_torch_compile:
+                tc = torch.compile(w.torch(torch))
+                fns["torch.compile"] = lambda tc=tc, tin=tin: tc(*tin)
+                compiles["torch.compile"] = \
+                    f"{harness.first_call_seconds(fns['torch.compile']):.3f} / -"
         med, cpu = harness.interleaved_medians(fns, seconds)
         base, cbase = med["numpy"], cpu["numpy"]
         for name, t in med.items():
@@ -74,6 +101,10 @@ def main() -> None:
             c = cpu[name]
             print(f"{w.name:<12} {name:<14} {t * 1e3:>10.3f} {t / base:>8.3f} {c * 1e3:>8.2f} "
                   f"{c / cbase:>8.3f} {err:>11} {compiles.get(name, ''):>26}", flush=True)
+        summary.append(_summary_row(w.name, med))
+    print("\nsummary (wall-time ratios to numpy; target: the issue's 'must reach' ratio)")
+    for row in summary:
+        print(row)
     print(f"load average at end: {harness.load_average()}")
 
 
