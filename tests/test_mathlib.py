@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from eqsat.backend import mathlib, mathlib_fit
-from eqsat.backend.mathlib_jit import kernel
+from eqsat.backend import mathlib, mathlib_emit, mathlib_fit
+from eqsat.backend.mathlib_jit import Kernel, kernel
 from eqsat.errors import Error
 
 MAX_ULP_TRUE = 2
@@ -197,6 +197,93 @@ def test_pow_special_values(dt: str) -> None:
     bad = classify(ours) != classify(ref)
     assert not bad.any(), f"x={x[bad][:5]} y={y[bad][:5]} ours={ours[bad][:5]} numpy={ref[bad][:5]}"
     assert ulp_distance(ours, ref).max() <= MAX_ULP_NUMPY
+
+
+def _floats_between(dt: str, lo: float, hi: float) -> np.ndarray:
+    """Every float of dtype dt in [lo, hi) (same sign), in order."""
+    it = np.uint32 if dt == "float32" else np.uint64
+    a, b = sorted(np.array([lo, hi], dt).view(it))
+    return np.arange(a, b, dtype=it).view(dt)
+
+
+@pytest.mark.parametrize("name", ["exp", "sigmoid"])
+def test_f32_exhaustively_where_exp_overflows_or_underflows(name: str) -> None:
+    """exp's result is p 2^n rounded once (ldexp), with no guard at the overflow threshold:
+    every f32 from the normal range's end through the subnormals to 0, and around the
+    overflow edge, against the correctly rounded value (sigmoid: 1/(1+e^-x) there)."""
+    sign = 1 if name == "exp" else -1
+    x = np.concatenate([_floats_between("float32", 85.0, 89.0),
+                        -_floats_between("float32", 85.0, 105.0)]) * np.float32(sign)
+    ours = kernel(name, "float32")(x)
+    with np.errstate(all="ignore"):
+        truth = true_value(name, x)
+    np.testing.assert_array_equal(classify(ours), classify(truth))
+    assert ulp_distance(ours, truth).max() <= MAX_ULP_TRUE
+
+
+def test_tanh_f32_near_zero() -> None:
+    """Where tanh's two formulas meet and where m = expm1(2|x|) changes its reduction: every
+    97th float of [2^-30, 1], all of [1/16, 1/16 + 2^-12) and of [0.17, 0.18) (n = 0 to 1),
+    both signs, subnormals and -0."""
+    x = np.concatenate([_floats_between("float32", 2.0**-30, 1.0)[::97],
+                        _floats_between("float32", 0.0625, 0.0625 + 2.0**-12),
+                        _floats_between("float32", 0.17, 0.18),
+                        np.array([0.0, 1e-40, 1e-45, 2.0**-126], np.float32)])
+    x = np.concatenate([x, -x])
+    ours = kernel("tanh", "float32")(x)
+    truth = true_value("tanh", x)
+    np.testing.assert_array_equal(classify(ours), classify(truth))
+    assert ulp_distance(ours, truth).max() <= MAX_ULP_TRUE
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_exp_exact_values_and_clamp_edges(dt: str) -> None:
+    """Exact results (e^0 = 1, e^-inf = 0, e^inf = inf, NaN of either sign stays NaN), both
+    sides of the overflow threshold and of the argument clamps, the smallest subnormal."""
+    t = np.dtype(dt).type
+    xmax = t(mathlib_fit.exp_overflow(32 if dt == "float32" else 64))
+    hi, lo = (100.0, -120.0) if dt == "float32" else (720.0, -760.0)
+    neg_nan = np.array([-np.nan], dt)[0]
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, neg_nan, xmax, np.nextafter(xmax, t(0)),
+                  np.nextafter(xmax, t(np.inf)), hi, np.nextafter(t(hi), t(0)), lo,
+                  np.nextafter(t(lo), t(0)), np.log(np.finfo(dt).smallest_subnormal)], dt)
+    ours = kernel("exp", dt)(x)
+    assert ours[0] == 1 and ours[1] == 1 and ours[2] == np.inf and ours[3] == 0
+    assert np.isnan(ours[4]) and np.isnan(ours[5])
+    assert np.isfinite(ours[6]) and np.isfinite(ours[7]) and ours[8] == np.inf
+    assert ours[9] == ours[10] == np.inf and ours[11] == ours[12] == 0
+    assert ours[13] == np.finfo(dt).smallest_subnormal
+    with np.errstate(all="ignore"):
+        assert ulp_distance(ours, true_value("exp", x)).max() <= MAX_ULP_TRUE
+
+
+@pytest.mark.parametrize("name", ["exp", "tanh", "sigmoid", "pow"])
+def test_path_without_native_ldexp(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path for targets without lrint / ldexp (NVPTX): rint and a conversion, 2^n as two
+    power-of-two factors, guards at the overflow edge and for NaN, on the same accuracy
+    bounds; and no lrint or ldexp appears in a module for NVPTX."""
+    monkeypatch.setattr(mathlib_emit, "native_ldexp", lambda triple: False)
+    dt = "float32"
+    k = Kernel(name, np.dtype(dt))
+    assert "llvm.lrint" not in k.ir and "llvm.ldexp" not in k.ir
+    if name == "pow":
+        x, y = pow_operands(dt, N_RANDOM // 16)
+        ours = k(x, y)
+        with np.errstate(all="ignore"):
+            truth = true_value("pow", x, y)
+    else:
+        x = np.concatenate([random_floats(dt, N_RANDOM // 4, seed=5), special_values(dt)])
+        ours = k(x)
+        with np.errstate(all="ignore"):
+            truth = true_value(name, x)
+    np.testing.assert_array_equal(classify(ours), classify(truth))
+    assert ulp_distance(ours, truth).max() <= MAX_ULP_TRUE
+    monkeypatch.undo()
+    module = ir.Module()
+    module.triple = "nvptx64-nvidia-cuda"
+    for ty in (ir.FloatType(), ir.DoubleType()):
+        mathlib.define(module, name, ty)
+    assert "llvm.lrint" not in str(module) and "llvm.ldexp" not in str(module)
 
 
 @pytest.mark.parametrize("dt", DTYPES)

@@ -3,16 +3,28 @@
 Kernels read like the formulas they implement (`e.fma(n, c, x)`, `e.sel(e.lt(x, 0), a, b)`).
 Only operations that LLVM's loop vectorizer widens are offered: IEEE arithmetic without
 fast-math flags (so that LLVM keeps our rounding), selects, integer ops on the bit pattern, and
-the intrinsics fma, fabs, floor, rint, copysign and sqrt.
+the intrinsics fma, fabs, floor, rint, copysign, sqrt, lrint and ldexp.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
+import llvmlite.binding as llvm
 from llvmlite import ir
 
 Value = ir.Value
+
+
+@functools.cache
+def native_ldexp(triple: str) -> bool:
+    """Whether kernels for `triple` may use `lrint` and `ldexp` as single instructions: on the
+    host with AVX-512 (vcvtps2dq, vscalefps). NVPTX has no lrint lowering and only a long
+    generic expansion of ldexp; x86 without AVX-512 expands ldexp too."""
+    if triple.startswith("nvptx"):
+        return False
+    return "+avx512f" in llvm.get_host_cpu_features().flatten().split(",")
 
 
 class Emit:
@@ -25,6 +37,7 @@ class Emit:
         self.ity = ir.IntType(self.bits)
         self.mant = 52 if self.bits == 64 else 23  # explicit mantissa bits
         self.bias = 1023 if self.bits == 64 else 127
+        self.native_ldexp = native_ldexp(str(builder.module.triple))
 
     def at(self, ty: ir.Type) -> Emit:
         """The same builder, emitting another float type (f32 kernels that work in f64)."""
@@ -149,6 +162,29 @@ class Emit:
     def pow2i(self, k: Value) -> Value:
         """2^k for an integer k in the normal exponent range, built from its bits."""
         return self.from_bits(self.b.shl(self.b.add(k, self.ci(self.bias)), self.ci(self.mant)))
+
+    def _decl(self, full: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+        fn = self.b.module.globals.get(full)
+        if fn is None:
+            fn = ir.Function(self.b.module, ir.FunctionType(ret, args), full)
+        return fn
+
+    def lrint(self, x: Value) -> Value:
+        """x rounded to the nearest integer (ties to even), as i32 (one vcvtps2dq; rint and a
+        conversion where lrint has no lowering); callers guarantee x is finite and well
+        inside the i32 range."""
+        i32 = ir.IntType(32)
+        if not self.native_ldexp:
+            return self.b.fptosi(self.rint(x), i32)
+        suffix = "f64" if self.bits == 64 else "f32"
+        return self.b.call(self._decl(f"llvm.lrint.i32.{suffix}", i32, [self.ty]), [x])
+
+    def ldexp(self, x: Value, n: Value) -> Value:
+        """x * 2^n for an i32 n, rounded once (subnormal results included, overflow to inf):
+        `llvm.ldexp`, one vscalefps on AVX-512."""
+        suffix = "f64" if self.bits == 64 else "f32"
+        fn = self._decl(f"llvm.ldexp.{suffix}.i32", self.ty, [self.ty, ir.IntType(32)])
+        return self.b.call(fn, [x, n])
 
     def widen(self, x: Value, ty: ir.Type) -> Value:
         return self.b.fpext(x, ty)

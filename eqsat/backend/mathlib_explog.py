@@ -1,9 +1,10 @@
 """Branch-free exp, log, tanh, sigmoid and pow kernels (f32 and f64), written with `Emit`.
 
 exp: Cody-Waite reduction x = n ln2 + r (ln2 in two parts, fused multiply-adds), a polynomial
-for e^r on |r| <= ln2/2, and 2^n applied as two exact power-of-two factors so that results in
-the subnormal range are rounded once. log: x = 2^k m with m in [sqrt(1/2), sqrt(2)),
-log m = 2 atanh(f / (2 + f)) with f = m - 1, arranged so the large terms are exact.
+for e^r on |r| <= ln2/2, and 2^n applied with one rounding (subnormal results included): by
+ldexp (vscalefps on AVX-512) or, on NVPTX, as two exact power-of-two factors.
+log: x = 2^k m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(f / (2 + f)) with f = m - 1,
+arranged so the large terms are exact.
 pow: exp(y log|x|) with the log carried in double-double (f64) or in f64 (f32), then the C99
 special cases (signs for odd integer exponents, NaN for negative bases, 0 and inf) by selects.
 """
@@ -39,26 +40,33 @@ def _consts_for(bits: int) -> dict[str, Any]:
         "max": float(np.finfo(np.float64 if bits == 64 else np.float32).max),
         "min_normal": 2.0 ** (-1022 if bits == 64 else -126),
         "xmax": fit.exp_overflow(bits),
-        # clamps keep n in a range where n/2 is a normal exponent; beyond them exp is 0 or inf
+        # clamps keep n small (n/2 a normal exponent, for _scale's two factors); beyond them
+        # exp is 0 or inf
         "clamp_hi": 720.0 if bits == 64 else 100.0,
         "clamp_lo": -760.0 if bits == 64 else -120.0,
     }
 
 
 def _reduce(e: Emit, x: Value, clamp: bool = True) -> tuple[Value, Value]:
-    """x -> (n, r) with x = n ln2 + r, |r| <= ln2/2. With `clamp`, x is first clamped and NaN
-    becomes 0 (callers restore it) so that the integer conversion of n never sees NaN;
-    without, the caller guarantees a finite x within the clamps."""
+    """x -> (r, n as i32) with x = n ln2 + r, |r| <= ln2/2. With `clamp`, x is first
+    clamped so that n is always a small integer; NaN passes through where n comes from lrint
+    (an unspecified integer for NaN, and r is NaN), else it goes to the upper clamp (fptosi of
+    NaN would be poison) and callers restore it. Without `clamp`, the caller guarantees a
+    finite x within the clamps."""
     k = _consts(e)
     xc = x
-    if clamp:
+    if clamp and e.native_ldexp:
+        # min / max (one vminps / vmaxps each) whose compares are false on NaN: x stays
         xc = e.sel(e.gt(x, k["clamp_hi"]), k["clamp_hi"], x)
         xc = e.sel(e.lt(xc, k["clamp_lo"]), k["clamp_lo"], xc)
-        xc = e.sel(e.isnan(x), 0.0, xc)
-    n = e.rint(e.mul(xc, k["log2e"]))
+    elif clamp:
+        xc = e.sel(e.lt(x, k["clamp_hi"]), x, k["clamp_hi"])
+        xc = e.sel(e.gt(xc, k["clamp_lo"]), xc, k["clamp_lo"])
+    ni = e.lrint(e.mul(xc, k["log2e"]))
+    n = e.b.sitofp(ni, e.ty)
     ln2_hi, ln2_lo = k["ln2"]
     r = e.fma(e.neg(n), ln2_hi, xc)  # exact: the difference fits in the format
-    return n, e.fma(e.neg(n), ln2_lo, r)
+    return e.fma(e.neg(n), ln2_lo, r), ni
 
 
 def _expm1_reduced(e: Emit, r: Value) -> Value:
@@ -67,22 +75,33 @@ def _expm1_reduced(e: Emit, r: Value) -> Value:
     return e.fma(e.mul(r, r), g, r)
 
 
-def _scale(e: Emit, p: Value, n: Value) -> Value:
-    """p * 2^n as two power-of-two factors, each normal, so only the last product rounds."""
-    ni = e.to_int(n)
-    n1 = e.b.ashr(ni, e.ci(1))
+def _scale(e: Emit, p: Value, ni: Value) -> Value:
+    """p * 2^n, rounded once: ldexp where it is one instruction (vscalefps), elsewhere two
+    power-of-two factors, each normal, so that only the last product rounds."""
+    if e.native_ldexp:
+        return e.ldexp(p, ni)
+    n1 = e.b.ashr(ni, ni.type(1))
     n2 = e.b.sub(ni, n1)
-    return e.mul(e.mul(p, e.pow2i(n1)), e.pow2i(n2))
+    return e.mul(e.mul(p, e.pow2i(_wide(e, n1))), e.pow2i(_wide(e, n2)))
+
+
+def _wide(e: Emit, ni: Value) -> Value:
+    return ni if e.bits == 32 else e.b.sext(ni, e.ity)
 
 
 def exp_(e: Emit, x: Value, x_lo: Value | None = None) -> Value:
     """e^(x + x_lo); x_lo is an optional low part (double-double argument, used by pow)."""
     k = _consts(e)
-    n, r = _reduce(e, x)
+    r, ni = _reduce(e, x)
     if x_lo is not None:
         r = e.add(r, e.sel(e.lt(e.fabs(x), k["clamp_hi"]), x_lo, 0.0))
-    p = e.add(_expm1_reduced(e, r), 1.0)
-    res = _scale(e, p, n)
+    # e^r as one Horner chain 1 + r (1 + r g(r)): one operation fewer than 1 + (r + r^2 g)
+    res = _scale(e, e.horner(r, (1.0, 1.0, *fit.coefficients("exp", e.bits))), ni)
+    if e.native_ldexp:
+        # One rounding of a result within an ulp of e^x overflows exactly where the correctly
+        # rounded exp does: next to the threshold e^x moves by far more than an ulp per step
+        # of x (tests check both sides). NaN came through the clamps.
+        return res
     # Overflow exactly where the correctly rounded exp overflows (sigmoid's 1/(1+e^-x) is 0
     # beyond it, so being off by one ulp there would be off by millions of subnormal ulps).
     res = e.sel(e.gt(res, k["max"]), k["max"], res)
@@ -93,9 +112,10 @@ def exp_(e: Emit, x: Value, x_lo: Value | None = None) -> Value:
 def expm1_pos(e: Emit, x: Value) -> Value:
     """e^x - 1 for x >= 0, clamped to a finite value for large x and NaN (tanh needs no more)."""
     limit = 80.0 if e.bits == 64 else 40.0
-    x = e.sel(e.ugt(x, limit), limit, x)
-    n, r = _reduce(e, x, clamp=False)
-    s = e.pow2i(e.to_int(n))
+    # NaN: kept where lrint gives n (the result is NaN then), else clamped (see _reduce)
+    x = e.sel(e.gt(x, limit) if e.native_ldexp else e.ugt(x, limit), limit, x)
+    r, ni = _reduce(e, x, clamp=False)
+    s = e.pow2i(_wide(e, ni))
     return e.fma(s, _expm1_reduced(e, r), e.sub(s, 1.0))  # s - 1 is exact where it matters
 
 
@@ -112,7 +132,8 @@ def tanh(e: Emit, x: Value) -> Value:
     m = expm1_pos(e, e.add(ax, ax))
     res = e.sel(e.lt(ax, fit.TANH_SMALL[e.bits]), small, e.div(m, e.add(m, 2.0)))
     # computed on |x| and signed last, so that tanh(-0) = -0
-    return e.sel(e.isnan(x), x, e.copysign(res, x))
+    res = e.copysign(res, x)
+    return res if e.native_ldexp else e.sel(e.isnan(x), x, res)
 
 
 def _log_split(e: Emit, x: Value) -> tuple[Value, Value]:

@@ -14,14 +14,19 @@ from llvmlite import ir
 from eqsat.backend import mathlib
 
 
-@functools.cache
-def _target_machine() -> llvm.TargetMachine:
+def _new_target_machine() -> llvm.TargetMachine:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     target = llvm.Target.from_triple(llvm.get_process_triple())
     return target.create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3,
         jit=True)
+
+
+@functools.cache
+def _target_machine() -> llvm.TargetMachine:
+    """The one for data layouts and pass pipelines; never handed to an engine."""
+    return _new_target_machine()
 
 
 def _loop_module(name: str, ty: ir.Type) -> ir.Module:
@@ -71,7 +76,9 @@ class Kernel:
         pb = llvm.create_pass_builder(tm, pto)
         pb.getModulePassManager().run(mod, pb)
         self.ir = str(mod)
-        self._engine = llvm.create_mcjit_compiler(mod, tm)
+        # An engine owns (and frees) its target machine: a shared one would dangle once a
+        # Kernel is garbage-collected.
+        self._engine = llvm.create_mcjit_compiler(mod, _new_target_machine())
         self._engine.finalize_object()
         self.arity = 2 if name == "pow" else 1
         proto = ctypes.CFUNCTYPE(None, *[ctypes.c_void_p] * (self.arity + 1), ctypes.c_int64)
