@@ -1,4 +1,4 @@
-"""Exact DAG extraction as an integer program (scipy.optimize.milp, HiGHS).
+"""Exact DAG extraction as an integer program, solved by HiGHS (the copy scipy ships).
 
 Variables: x_n (node n chosen), y_c (class c needed), and an order t_c for the classes of
 each strongly connected component of the class graph. Constraints:
@@ -14,12 +14,14 @@ beat it in time.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
+import os
+import sys
 import time
+from typing import Any
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_matrix, csr_matrix
-from scipy.sparse.csgraph import connected_components
 
 from .choice import Extraction, ExtractionError, dag_cost
 from .egraph import EGraph
@@ -65,9 +67,14 @@ class _Rows:
         self.lb.append(lb)
         self.ub.append(ub)
 
-    def constraint(self, n_vars: int) -> LinearConstraint:
-        a = coo_matrix((self.v, (self.r, self.c)), shape=(len(self.lb), n_vars)).tocsr()
-        return LinearConstraint(a, np.array(self.lb), np.array(self.ub))
+    def columns(self, n_vars: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The matrix in compressed-column form: column starts, row indices, values."""
+        cols = np.asarray(self.c, dtype=np.int64)
+        order = np.argsort(cols, kind="stable")
+        start = np.zeros(n_vars + 1, dtype=np.int64)
+        np.cumsum(np.bincount(cols, minlength=n_vars), out=start[1:])
+        return (start, np.asarray(self.r, dtype=np.int64)[order],
+                np.asarray(self.v, dtype=float)[order])
 
 
 def extract_ilp(graph: EGraph, costs: np.ndarray, time_limit: float = 10.0,
@@ -89,8 +96,7 @@ def extract_ilp(graph: EGraph, costs: np.ndarray, time_limit: float = 10.0,
     src = [local[graph.nodes[n].eclass] for n in cand for _ in graph.nodes[n].children]
     dst = [local[d] for n in cand for d in graph.nodes[n].children]
     k = len(classes)
-    adj = csr_matrix((np.ones(len(src)), (src, dst)), shape=(k, k))
-    _, comp = connected_components(adj, directed=True, connection="strong")
+    comp = _strong_components(k, src, dst)
     comp_size = np.bincount(comp, minlength=k) if k else np.zeros(0, dtype=int)
     col_t: dict[int, int] = {}
     for c in classes:
@@ -131,12 +137,9 @@ def extract_ilp(graph: EGraph, costs: np.ndarray, time_limit: float = 10.0,
     remaining = time_limit - (time.perf_counter() - t0)
     if remaining <= 0:
         return _fallback(greedy, t0)
-    res = milp(obj, constraints=rows.constraint(n_vars), integrality=integrality,
-               bounds=Bounds(lb, ub),
-               options={"time_limit": remaining, "mip_rel_gap": 1e-9, "disp": False})
-    if res.x is None:
+    x, optimal = _solve(obj, rows, lb, ub, integrality, remaining)
+    if x is None:
         return _fallback(greedy, t0)
-    x = res.x
     choice: dict[int, int] = {}
     stack = list(graph.roots)
     while stack:
@@ -155,10 +158,144 @@ def extract_ilp(graph: EGraph, costs: np.ndarray, time_limit: float = 10.0,
         return _fallback(greedy, t0)
     if cost > greedy.cost * (1 + 1e-9):
         return _fallback(greedy, t0)
-    return Extraction(graph, choice, cost, "ilp", time.perf_counter() - t0,
-                      optimal=res.status == 0)
+    return Extraction(graph, choice, cost, "ilp", time.perf_counter() - t0, optimal=optimal)
 
 
 def _fallback(greedy: Extraction, t0: float) -> Extraction:
     return Extraction(greedy.graph, greedy.choice, greedy.cost, "greedy (ilp gave no better)",
                       time.perf_counter() - t0)
+
+
+def _strong_components(k: int, src: list[int], dst: list[int]) -> list[int]:
+    """The strongly connected component of each of `k` vertices (Tarjan's algorithm, without
+    recursion), for the edges src[i] -> dst[i]."""
+    succ: list[list[int]] = [[] for _ in range(k)]
+    for a, b in zip(src, dst):
+        succ[a].append(b)
+    index = [-1] * k
+    low = [0] * k
+    comp = [-1] * k
+    on_stack = [False] * k
+    stack: list[int] = []
+    counter = n_comp = 0
+    for root in range(k):
+        if index[root] != -1:
+            continue
+        work = [(root, 0)]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack[root] = True
+        while work:
+            v, i = work[-1]
+            if i < len(succ[v]):
+                work[-1] = (v, i + 1)
+                w = succ[v][i]
+                if index[w] == -1:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack[w] = True
+                    work.append((w, 0))
+                elif on_stack[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                u = work[-1][0]
+                low[u] = min(low[u], low[v])
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on_stack[w] = False
+                    comp[w] = n_comp
+                    if w == v:
+                        break
+                n_comp += 1
+    return comp
+
+
+def _highs() -> Any:
+    """scipy's compiled HiGHS module, loaded by itself: `import scipy.optimize` (what `milp`
+    needs) imports every solver and scipy.linalg, ~0.3 s on each cold optimize, while this
+    one extension module loads in milliseconds. None where that does not work (another scipy
+    layout): then `milp` is used."""
+    name = "scipy.optimize._highspy._core"
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        spec = importlib.util.find_spec("scipy")
+        where = [os.path.join(d, "optimize", "_highspy")
+                 for d in (spec.submodule_search_locations or ())] if spec else []
+        suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+        path = next(os.path.join(d, f) for d in where if os.path.isdir(d)
+                    for f in sorted(os.listdir(d))
+                    if f.startswith("_core.") and f.endswith(suffixes))
+        ext = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(ext)
+        ext.loader.exec_module(module)
+        # registered, so a later `import scipy.optimize` reuses it instead of loading it again
+        sys.modules[name] = module
+        return module
+    except Exception:
+        return None
+
+
+def _solve(obj: np.ndarray, rows: _Rows, lb: np.ndarray, ub: np.ndarray,
+           integrality: np.ndarray, time_limit: float) -> tuple[np.ndarray | None, bool]:
+    """Minimise obj @ x subject to the rows and bounds, the marked variables integer: a
+    feasible x (None if none was found in time) and whether it is proven optimal."""
+    n = len(obj)
+    start, index, value = rows.columns(n)
+    h = _highs()
+    if h is not None:
+        try:
+            return _solve_core(h, obj, (start, index, value), rows, lb, ub, integrality,
+                               time_limit)
+        except Exception:
+            pass  # an API this code does not know: the public solver below
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    from scipy.sparse import csc_array
+
+    a = csc_array((value, index, start), shape=(len(rows.lb), n))
+    res = milp(obj, constraints=LinearConstraint(a, np.array(rows.lb), np.array(rows.ub)),
+               integrality=integrality, bounds=Bounds(lb, ub),
+               options={"time_limit": time_limit, "mip_rel_gap": 1e-9, "disp": False})
+    return res.x, res.status == 0
+
+
+def _solve_core(h: Any, obj: np.ndarray, matrix: tuple[np.ndarray, np.ndarray, np.ndarray],
+                rows: _Rows, lb: np.ndarray, ub: np.ndarray, integrality: np.ndarray,
+                time_limit: float) -> tuple[np.ndarray | None, bool]:
+    # what scipy.optimize.milp does with the same options, minus its input checks
+    n, m = len(obj), len(rows.lb)
+    lp = h.HighsLp()
+    lp.num_col_ = n
+    lp.num_row_ = m
+    lp.a_matrix_.num_col_ = n
+    lp.a_matrix_.num_row_ = m
+    lp.a_matrix_.format_ = h.MatrixFormat.kColwise
+    lp.col_cost_ = np.asarray(obj, dtype=float)
+    lp.col_lower_ = np.asarray(lb, dtype=float)
+    lp.col_upper_ = np.asarray(ub, dtype=float)
+    lp.row_lower_ = np.asarray(rows.lb, dtype=float)
+    lp.row_upper_ = np.asarray(rows.ub, dtype=float)
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = matrix
+    lp.integrality_ = [h.HighsVarType(int(i)) for i in integrality]
+    highs = h._Highs()
+    for key, val in (("output_flag", False), ("log_to_console", False),
+                     ("time_limit", float(time_limit)), ("mip_rel_gap", 1e-9)):
+        if highs.setOptionValue(key, val) == h.HighsStatus.kError:
+            raise RuntimeError(f"HiGHS rejected option {key}")
+    if highs.passModel(lp) == h.HighsStatus.kError:
+        raise RuntimeError("HiGHS rejected the model")
+    if highs.run() == h.HighsStatus.kError:
+        return None, False
+    status = highs.getModelStatus()
+    stopped = (h.HighsModelStatus.kTimeLimit, h.HighsModelStatus.kIterationLimit,
+               h.HighsModelStatus.kSolutionLimit)
+    if status != h.HighsModelStatus.kOptimal and (
+            status not in stopped or highs.getInfo().objective_function_value == h.kHighsInf):
+        return None, False
+    x = np.array(highs.getSolution().col_value, dtype=float)
+    return (x, status == h.HighsModelStatus.kOptimal) if len(x) == n else (None, False)

@@ -23,19 +23,21 @@ import warnings
 from collections.abc import Hashable, Mapping
 
 import numpy as np
-from egglog.bindings import EggSmolError
 
 from ..errors import Error
 from ..ir.module import Function, Module, Stmt
 from ..ir.verifier import verify
 from ..rules.bridge import ENode as BridgeNode
 from ..rules.bridge import Serialized
+from ..rules.bridge import bindings as _egglog
 from ..rules.lang import RuleSet
 from ..rules.runner import Limits, saturate
 from .choice import Extraction
 from .cost import CostModel, cost_model, function_costs
 from .egraph import FREE_OPS, EGraph, node_costs
 from .report import FunctionResult, OptimizeReport, provenance
+
+EggSmolError = _egglog.EggSmolError
 
 # Extraction may spend this share of `Limits.seconds` (at least EXTRACT_MIN_SECONDS), split
 # over the functions by their e-graph sizes; the ILP returns its greedy start when time is up.

@@ -20,13 +20,16 @@ computes that set and `extract_tree` is a simple tree-cost extractor built on it
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import json
 import math
+import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from egglog import bindings
 
 from ..errors import Error
 from ..ir.module import Function, Module, Param, Stmt
@@ -34,6 +37,63 @@ from ..ir.ops import INTS
 from ..ir.types import DTYPES, TensorType
 from ..ir.verifier import verify
 from . import schema
+
+
+def _load_bindings() -> Any:
+    """egglog's native module (`egglog.bindings`), the only part of egglog we use.
+
+    `import egglog` first runs the package's __init__, which builds its high-level Python API
+    (and imports black for pretty-printing): ~0.15 s on every cold optimize. The extension
+    module does not need that package code, so it is loaded by itself when egglog has not been
+    imported yet; a later `import egglog` finds it in sys.modules and reuses it.
+    """
+    if "egglog.bindings" in sys.modules:
+        return sys.modules["egglog.bindings"]
+    if "egglog" in sys.modules:
+        from egglog import bindings as native
+
+        return native
+    try:
+        spec = importlib.util.find_spec("egglog")
+        where = list(spec.submodule_search_locations or ()) if spec else []
+        suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+        path = next(os.path.join(d, f) for d in where for f in sorted(os.listdir(d))
+                    if f.startswith("bindings.") and f.endswith(suffixes))
+        ext = importlib.util.spec_from_file_location("egglog.bindings", path)
+        native = importlib.util.module_from_spec(ext)
+        sys.modules["egglog.bindings"] = native
+        ext.loader.exec_module(native)
+    except Exception:  # an unusual install: the ordinary import always works
+        sys.modules.pop("egglog.bindings", None)
+        from egglog import bindings as native
+
+        return native
+    sys.meta_path.insert(0, _BindingsAttribute())
+    return native
+
+
+class _BindingsAttribute(importlib.abc.MetaPathFinder):
+    """Sets `egglog.bindings` on the egglog package when it is imported after the bindings
+    were loaded by themselves (the import system sets a submodule attribute only when it
+    loads the submodule), then removes itself."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "egglog":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            run = spec.loader.exec_module
+
+            def exec_module(module: Any) -> None:
+                run(module)
+                module.bindings = sys.modules["egglog.bindings"]
+
+            spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+bindings = _load_bindings()
 
 
 class BridgeError(Error):

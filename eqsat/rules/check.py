@@ -18,8 +18,6 @@ import random
 from typing import Any
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from ..errors import Error, UnsoundRule
 from ..ir.interpreter import interpret_function
@@ -306,6 +304,11 @@ def _close(a: np.ndarray, b: np.ndarray, scale: float) -> bool:
 
 def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True) -> None:
     """Check one rule on `examples` random instances; raises UnsoundRule on a difference."""
+    # here, not at module level: hypothesis costs ~0.1 s to import, and `import eqsat.rules`
+    # (every optimize) must not pay it
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
     found = [0]
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,

@@ -76,14 +76,22 @@ def encoding(op: OpDef) -> Encoding | None:
     return Encoding(op.name, op.arity is None, op.arity or 0, tuple(op.attrs), op.written_type)
 
 
+_encodings_memo: list = [None, {}]  # [the tables it was computed from, the result]
+
+
 def encodings() -> dict[str, Encoding]:
     """Encodings of every op currently in the table that egglog can hold."""
-    out = {}
-    for op in OPS.values():
-        enc = encoding(op)
-        if enc is not None and shape_rule(op) is not None:
-            out[op.name] = enc
-    return out
+    # Called for every rule pattern and e-graph load (~500 times per optimize); recomputed
+    # only when the op table or the shape rules changed since the last call.
+    key = (tuple(OPS.items()), tuple(SHAPE_RULES.items()))
+    if _encodings_memo[0] != key:
+        out = {}
+        for op in OPS.values():
+            enc = encoding(op)
+            if enc is not None and shape_rule(op) is not None:
+                out[op.name] = enc
+        _encodings_memo[:] = [key, out]
+    return dict(_encodings_memo[1])
 
 
 # ---------------------------------------------------------------- type analysis rules

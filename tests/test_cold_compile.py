@@ -1,0 +1,175 @@
+"""The cold compile path: merged duplicate kernels, HiGHS without scipy.optimize, what a cold
+`eqsat.compile` imports."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import llvmlite.binding as llvm
+import numpy as np
+import pytest
+
+import eqsat
+from eqsat.backend import cpu, jit
+from eqsat.extract import EGraph, dag_cost, extract_ilp
+from eqsat.extract import ilp as ilp_mod
+
+TWO_USERS = """
+module @twice
+func @a(%x: f32[64,32], %w: f32[32,16]) -> f32[64,16] {
+  %m = matmul %x, %w : f32[64,16]
+  %r = relu %m : f32[64,16]
+  return %r
+}
+func @b(%x: f32[64,32], %w: f32[32,16], %y: f32[64,16]) -> f32[64,16] {
+  %m = matmul %x, %w : f32[64,16]
+  %r = relu %m : f32[64,16]
+  %s = add %r, %y : f32[64,16]
+  return %s
+}
+"""
+
+
+def _defined(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.startswith("define "))
+
+
+def test_merge_duplicates_keeps_one_copy_and_rewrites_references():
+    text = "\n".join([
+        'target triple = "x86_64-unknown-linux-gnu"',
+        'define void @"entry"(i32 %".1")',
+        "{",
+        'entry:',
+        '  call void @"k1.neg"(i32 %".1")',
+        '  call void @"k2.neg"(i32 %".1")',
+        '  call void @"k3.pos"(i32 %".1")',
+        "  ret void",
+        "}",
+        'define internal void @"k1.neg"(i32 %".1")',
+        "{",
+        'entry:',
+        '  %".2" = sub i32 0, %".1"',
+        "  ret void",
+        "}",
+        'define internal void @"k2.neg"(i32 %".1")',
+        "{",
+        'entry:',
+        '  %".2" = sub i32 0, %".1"',
+        "  ret void",
+        "}",
+        'declare void @"ext"(i32 %".1")',
+        'define internal void @"k3.pos"(i32 %".1")',
+        "{",
+        'entry:',
+        '  call void @"ext"(i32 %".1")',
+        "  ret void",
+        "}",
+    ])
+    out = jit.merge_duplicates(text)
+    assert _defined(out) == 3 and '"k2.neg"' not in out
+    assert out.count('call void @"k1.neg"') == 2
+    assert 'declare void @"ext"' in out  # what followed the removed copy stays
+    jit._init()
+    llvm.parse_assembly(out).verify()
+
+
+def test_merge_duplicates_leaves_distinct_and_external_functions():
+    m = eqsat.parse(TWO_USERS)
+    text, _ = cpu.lower(m)
+    out = jit.merge_duplicates(text)
+    assert _defined(out) < _defined(text)  # @b's matmul and relu kernels are @a's
+    assert all(f'@"eqsat.fn.{f}"' in out for f in ("a", "b"))
+    assert jit.merge_duplicates(out) == out
+    assert jit.merge_duplicates("not llvm at all") == "not llvm at all"
+
+
+def test_module_with_merged_kernels_computes_what_interpret_does(tmp_path):
+    m = eqsat.parse(TWO_USERS)
+    exe = eqsat.backend.compile_module(m, cache_dir=tmp_path)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    w = rng.standard_normal((32, 16)).astype(np.float32)
+    y = rng.standard_normal((64, 16)).astype(np.float32)
+    np.testing.assert_allclose(exe("a", x, w), eqsat.interpret(m, "a", x, w), rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_allclose(exe("b", x, w, y), eqsat.interpret(m, "b", x, w, y), rtol=1e-4,
+                               atol=1e-4)
+
+
+def _reach(k: int, edges: list[tuple[int, int]]) -> list[set[int]]:
+    succ = [set() for _ in range(k)]
+    for a, b in edges:
+        succ[a].add(b)
+    out = []
+    for s in range(k):
+        seen, stack = {s}, [s]
+        while stack:
+            for d in succ[stack.pop()]:
+                if d not in seen:
+                    seen.add(d)
+                    stack.append(d)
+        out.append(seen)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_strong_components_match_mutual_reachability(seed):
+    rng = random.Random(seed)
+    k = rng.randint(1, 30)
+    edges = [(rng.randrange(k), rng.randrange(k)) for _ in range(rng.randint(0, 3 * k))]
+    comp = ilp_mod._strong_components(k, [a for a, _ in edges], [b for _, b in edges])
+    reach = _reach(k, edges)
+    for u in range(k):
+        for v in range(k):
+            assert (comp[u] == comp[v]) == (v in reach[u] and u in reach[v])
+
+
+def _synthetic(n_classes: int, seed: int) -> tuple[EGraph, np.ndarray]:
+    # alternatives over recent classes, self-loops and back edges (cycles), three roots
+    rng = random.Random(seed)
+    rows = []
+    for c in range(n_classes):
+        if c < 5:
+            rows.append((c, "param", [], 0.0))
+            continue
+        for a in range(rng.randint(1, 3)):
+            kids = [rng.randint(max(0, c - 20), c - 1) for _ in range(rng.randint(1, 3))]
+            rows.append((c, f"op{a}", kids, rng.uniform(1, 10)))
+        if rng.random() < 0.1:
+            rows.append((c, "mul", [c, 0], 0.0))
+        if rng.random() < 0.1 and c + 3 < n_classes:
+            rows.append((c, "neg", [c + rng.randint(1, 3)], 0.5))
+    g = EGraph([(c, op, {}, kids) for c, op, kids, _ in rows],
+               roots=[n_classes - 1 - i for i in range(3)])
+    return g, np.array([cost for *_, cost in rows], dtype=float)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_highs_core_finds_what_milp_finds(seed, monkeypatch):
+    g, costs = _synthetic(60, seed)
+    direct = extract_ilp(g, costs, time_limit=10.0)
+    assert ilp_mod._highs() is not None  # scipy's HiGHS module loads by itself here
+    monkeypatch.setattr(ilp_mod, "_highs", lambda: None)
+    public = extract_ilp(g, costs, time_limit=10.0)
+    assert direct.optimal and public.optimal
+    assert direct.cost == pytest.approx(public.cost, rel=1e-9)
+    assert direct.cost == pytest.approx(dag_cost(g, costs, direct.choice))
+
+
+def test_cold_compile_skips_the_heavy_imports(tmp_path):
+    # hypothesis (rule checking), egglog's Python API and scipy.optimize (~0.6 s together)
+    # are not needed to optimize and compile a program
+    script = (
+        "import sys, eqsat\n"
+        "from importlib import resources\n"
+        "m = eqsat.parse(resources.files('eqsat.examples').joinpath('mlp.eqir').read_text())\n"
+        "eqsat.compile(m)\n"
+        "print(*(name in sys.modules for name in\n"
+        "        ('egglog.bindings', 'egglog', 'hypothesis', 'scipy.optimize')))\n")
+    env = {**os.environ, "EQSAT_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert out == ["True", "False", "False", "False"]
