@@ -5,8 +5,9 @@ for e^r on |r| <= ln2/2, and 2^n applied with one rounding (subnormal results in
 ldexp (vscalefps on AVX-512) or, on NVPTX, as two exact power-of-two factors.
 log: x = 2^k m with m in [sqrt(1/2), sqrt(2)), log m = 2 atanh(f / (2 + f)) with f = m - 1,
 arranged so the large terms are exact.
-pow: exp(y log|x|) with the log carried in double-double (f64) or in f64 (f32), then the C99
-special cases (signs for odd integer exponents, NaN for negative bases, 0 and inf) by selects.
+pow: exp(y log|x|) with the log carried in double-double (f64); f32: 2^(y log2|x|) in f64
+with polynomials sized to f32 (about 2^-33), rounded once. Then the C99 special cases (signs
+for odd integer exponents, NaN for negative bases, 0 and inf) by selects.
 """
 
 from __future__ import annotations
@@ -220,12 +221,48 @@ def _pow_special(e: Emit, x: Value, y: Value, mag: Value) -> Value:
     return e.sel(e.eq(y, 0.0), 1.0, res)
 
 
+def _log2_f64_short(d: Emit, ax: Value) -> Value:
+    """log2 of a positive normal f64 (any f32 widened) to about 2^-37 relative: exponent k and
+    m in [sqrt(1/2), sqrt(2)), log2 m = s P(s^2) with s = (m - 1) / (m + 1)."""
+    bits = d.to_bits(ax)
+    kk = d.b.ashr(d.b.sub(bits, d.ci(0x3FE6A09E667F3BCD)), d.ci(52))
+    m = d.from_bits(d.b.sub(bits, d.b.shl(kk, d.ci(52))))
+    s = d.div(d.sub(m, 1.0), d.add(m, 1.0))
+    return d.fma(s, d.horner(d.mul(s, s), fit.coefficients("powf_log2", 64)), d.to_float(kk))
+
+
+def _pow_magnitude_f32(e: Emit, x: Value, y: Value) -> Value:
+    """|x|^y for f32 operands, as 2^(y log2|x|) in f64 with polynomials sized to f32: the
+    f64 exponent t = y log2|x| is within about 2^-33 of the true one wherever the result is
+    finite and nonzero, and 2^t is then rounded once to f32 (overflow, subnormals included)."""
+    d = e.at(ir.DoubleType())
+    ax = e.fabs(x)
+    axd, yd = e.widen(ax, d.ty), e.widen(y, d.ty)
+    l2 = _log2_f64_short(d, axd)  # f32 subnormals are normal in f64
+    # log2 0 = -inf and log2 inf = inf give the right 0 / inf limits of y log2|x|
+    l2 = d.sel(d.eq(axd, 0.0), -INF, d.sel(d.eq(axd, INF), INF, l2))
+    t = d.mul(yd, l2)
+    # beyond +-160 the f32 result is 0 or inf either way; the clamps keep 2^n an f64 normal.
+    # NaN: lrint keeps it in r (the result is NaN); elsewhere it is clamped and put back last
+    if e.native_ldexp:
+        tc = d.sel(d.gt(t, 160.0), 160.0, t)
+        tc = d.sel(d.lt(tc, -160.0), -160.0, tc)
+    else:
+        tc = d.sel(d.lt(t, 160.0), t, 160.0)
+        tc = d.sel(d.gt(tc, -160.0), tc, -160.0)
+    ni = d.lrint(tc)
+    r = d.sub(tc, d.b.sitofp(ni, d.ty))  # exact, |r| <= 1/2
+    p = d.fma(r, d.horner(r, fit.coefficients("powf_exp2", 64)), 1.0)
+    # 2^n with n in [-160, 160] is an f64 normal: one vscalefpd where ldexp is native
+    mag = d.ldexp(p, ni) if e.native_ldexp else d.mul(p, d.pow2i(d.b.sext(ni, d.ity)))
+    if not e.native_ldexp:
+        mag = d.sel(d.isnan(t), t, mag)
+    res = e.narrow(mag, e.ty)
+    return e.sel(e.isnan(x), x, res)  # the bits of NaN made some log
+
+
 def pow_(e: Emit, x: Value, y: Value) -> Value:
     """x ** y with numpy's float semantics (negative bases with integer exponents included)."""
     if e.bits == 64:
         return _pow_special(e, x, y, _pow_magnitude_f64(e, e.fabs(x), y))
-    # f32: f64 log and exp are accurate enough that only the final rounding shows
-    d = e.at(ir.DoubleType())
-    xd, yd = e.widen(x, d.ty), e.widen(y, d.ty)
-    mag = exp_(d, d.mul(yd, log(d, d.fabs(xd))))
-    return e.narrow(_pow_special(d, xd, yd, mag), e.ty)
+    return _pow_special(e, x, y, _pow_magnitude_f32(e, x, y))

@@ -44,6 +44,23 @@ def _log_q(z: np.ndarray) -> np.ndarray:
     return _series(z, lambda k: Fraction(2, 2 * k + 5), 40)
 
 
+def _ln2_ld() -> np.longdouble:
+    v = ln2()
+    head = float(v)
+    return LD(head) + LD(float(v - Fraction(head)))
+
+
+def _log2_s(z: np.ndarray) -> np.ndarray:
+    """log2((1 + s) / (1 - s)) / s = 2 atanh(s) / (s ln2) as a function of z = s^2 (f32 pow)."""
+    return (2 + z * _log_p(z)) / _ln2_ld()
+
+
+def _exp2_rem(r: np.ndarray) -> np.ndarray:
+    """(2^r - 1) / r = ln2 (1 + u (e^u - 1 - u) / u^2) with u = r ln2 (f32 pow)."""
+    u = r * _ln2_ld()
+    return _ln2_ld() * (1 + u * _exp_rem(u))
+
+
 def _sin_rem(z: np.ndarray) -> np.ndarray:
     """(sin r - r) / r^3 as a function of z = r^2."""
     return _series(z, lambda k: Fraction((-1) ** (k + 1), math.factorial(2 * k + 3)), 25)
@@ -70,6 +87,8 @@ _INTERVALS: dict[str, tuple[Remainder, float, float]] = {
     "exp": (_exp_rem, -0.3466, 0.3466),
     "log_p": (_log_p, 0.0, 0.02945),
     "log_q": (_log_q, 0.0, 0.02945),
+    "powf_log2": (_log2_s, 0.0, 0.02945),
+    "powf_exp2": (_exp2_rem, -0.5, 0.5),
     "sin": (_sin_rem, 0.0, 0.7856**2),
     "cos": (_cos_rem, 0.0, 0.7856**2),
 }
@@ -83,6 +102,9 @@ DEGREES: dict[tuple[str, int], int] = {
     ("log_p", 32): 3,
     ("log_p", 64): 8,
     ("log_q", 64): 7,
+    # f32 pow works in f64 to about 2^-34 only (then rounds to f32): short polynomials
+    ("powf_log2", 64): 4,
+    ("powf_exp2", 64): 6,
     ("sin", 32): 4,
     ("sin", 64): 7,
     ("cos", 32): 4,
