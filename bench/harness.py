@@ -39,14 +39,18 @@ def prepare(module: eqsat.Module, optimize: bool) -> eqsat.Module:
     return opt(module) if opt is not None else module
 
 
+SETTLE_S = 0.15
+
+
 def interleaved_medians(fns: dict[str, Callable[[], Any]], seconds: float, rounds: int = 8
                         ) -> tuple[dict[str, float], dict[str, float]]:
     """Median wall seconds and median process CPU seconds (all threads) per call of each
     function, run in `rounds` rounds of rotating order (so a burst of load from other
     processes hits every contestant alike), each contestant calling its function for an equal
-    slice of `seconds` per round. The first call of each slice is not counted: the previous
-    contestant's thread pools (OpenBLAS, OpenMP, XLA) may still be spinning then, and its
-    data has just evicted this one's from the caches."""
+    slice of `seconds` per round. Before each slice the process sleeps `SETTLE_S`, so that
+    the previous contestant's thread pools (OpenBLAS, OpenMP, XLA: they spin for up to ~0.1 s
+    after their last task) have gone idle, and the first call of the slice is not counted
+    (the previous contestant's data has just evicted this one's from the caches)."""
     for f in fns.values():  # warm up: page faults, caches, lazy initialisation
         f()
     wall: dict[str, list[float]] = {k: [] for k in fns}
@@ -55,6 +59,7 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], seconds: float, round
     slice_s = seconds / (rounds * len(names))
     for rnd in range(rounds):
         for name in names[rnd % len(names):] + names[: rnd % len(names)]:
+            time.sleep(SETTLE_S)
             f, calls, start = fns[name], 0, time.perf_counter()
             while calls < 3 or time.perf_counter() - start < slice_s:
                 c0, t0 = time.process_time(), time.perf_counter()

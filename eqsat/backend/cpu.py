@@ -13,7 +13,7 @@ from ..ir.module import Module
 from ..ir.verifier import plain_module
 from . import jit
 from .entry import Plan, emit_module, plan_module
-from . import parallel
+from . import gemm, parallel
 from .runtime import Executable
 
 _DEFAULT = object()
@@ -41,6 +41,7 @@ def cache_key(module: Module) -> str:
     """What identifies compiled code: the module text, the target and the code generator."""
     h = hashlib.sha256(str(module).encode())
     h.update(f"{jit.fingerprint()}:{parallel.THREADS}".encode())
+    h.update(f"gemm {gemm.ENABLED} {gemm.LONE_PRODUCTS}".encode())
     return h.hexdigest()[:40]
 
 

@@ -135,7 +135,9 @@ def matmul_epi(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     strides = [broadcast_strides(t.shape, out.shape) for t in extras]
     used = {i - 1 for i in body_args(body) if i > 0}  # the extras the body reads
 
-    def epilogue(b: ir.IRBuilder, ptrs: list[ir.Value], c: ir.Value, r: ir.Value) -> None:
+    def epilogue(b: ir.IRBuilder, ptrs: list[ir.Value], c: ir.Value, r: ir.Value,
+                 cols: tuple[ir.Value, ir.Value] | None = None) -> None:
+        # `cols`: only columns [j0, j1) of the row (the packed GEMM finishes C in blocks).
         # The extras' offsets of row r: r's index along each leading axis times their strides.
         bases = []
         for st in strides:
@@ -147,7 +149,7 @@ def matmul_epi(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
                 inner *= lead[d]
             bases.append(base)
         crow = b.mul(r, i64(n))
-        with for_range(b, 0, n, name="e") as j:
+        with for_range(b, *(cols or (0, n)), name="e") as j:
             offs = [b.add(base, b.mul(j, i64(st[-1]))) for base, st in zip(bases, strides)]
             args = [(_load(b, c, b.add(crow, j)), out.dtype)]
             args += _loads(b, used, ptrs, offs, extras)

@@ -396,8 +396,13 @@ def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
     # a lone product runs on the BLAS's own threads, which split it better than row blocks
     # (the operand each block shares is packed once, not per block) and are the pool numpy's
     # products use too (see blas.py).
+    # Where the generated GEMM takes every large product, the BLAS gets only narrow ones: they
+    # run on this thread alone, so that OpenBLAS's workers never wake (they would spin for
+    # ~0.1 s after the call, taking a core from our own pool's next kernels).
+    from . import gemm as packed
     from .parallel import THREADS  # here: parallel imports this module
-    setter = blas.declare_threads(kb.module) if batch == 1 and THREADS > 1 else None
+    own_pool = batch == 1 and THREADS > 1 and not (packed.ENABLED and packed.LONE_PRODUCTS)
+    setter = blas.declare_threads(kb.module) if own_pool else None
     if setter is not None:
         b.call(setter, [ir.Constant(I32, THREADS)])
     with for_range(b, lo, hi, name="batch") as t:
@@ -418,6 +423,19 @@ def blas_pays(out: TensorType, k: int) -> bool:
     """Whether a product of result `out` and inner length `k` goes to the host BLAS."""
     m, n = out.shape[-2], out.shape[-1]
     return out.dtype.is_float and m * n * k >= BLAS_MIN_FLOPS and blas.available()
+
+
+def gemm_pays(out: TensorType, k: int) -> bool:
+    """Whether a product goes to the generated packed GEMM (gemm.py): float products as
+    large as the BLAS's, where a BLAS is missing, else batched ones (see gemm.LONE_PRODUCTS)
+    unless so narrow that most of its tiles would be padding."""
+    from . import gemm
+    m, n = out.shape[-2], out.shape[-1]
+    if not gemm.supports(out.dtype) or m * n * k < BLAS_MIN_FLOPS:
+        return False
+    return not blas.available() or (
+        (gemm.LONE_PRODUCTS or math.prod(out.shape[:-2]) > 1)
+        and gemm.tile_use(out.dtype, m, n) >= gemm.MIN_TILE_USE)
 
 
 def _loop_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
@@ -457,9 +475,13 @@ def _loop_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
 
 def matmul_kernel(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
                   ta: bool = False, tb: bool = False, epilogue: Epilogue | None = None) -> Kernel:
-    """op(A) @ op(B) (then an epilogue per row): BLAS for float products large enough to pay,
+    """op(A) @ op(B) (then an epilogue per row): the generated packed GEMM (gemm.py) for
+    float products large enough to pay (`gemm_pays`), the host BLAS for those it leaves,
     generated loops otherwise."""
+    from . import gemm  # here: gemm builds `Kernel`s of this module
     k = ins[0].shape[-2] if ta else ins[0].shape[-1]
+    if k and gemm_pays(out, k):
+        return gemm.gemm_matmul(kb, name, out, ins, ta, tb, epilogue)
     if blas_pays(out, k):
         return _blas_matmul(kb, name, out, ins, ta, tb, epilogue)
     return _loop_matmul(kb, name, out, ins, ta, tb, epilogue)
@@ -472,7 +494,11 @@ def matmul(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
 
 def matmul_viewed(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
                   views: Sequence[Layout | None]) -> Kernel:
-    """A BLAS-sized np.matmul reading operands through `views` (see `_blas_matmul`)."""
+    """A BLAS-sized np.matmul reading operands through `views` (see `_blas_matmul`): the
+    generated GEMM where it pays (`gemm_pays`), else the host BLAS."""
+    from . import gemm
+    if ins[0].shape[-1] and gemm_pays(s.type, ins[0].shape[-1]):
+        return gemm.gemm_matmul(kb, "matmul_viewed", s.type, ins, False, False, None, views)
     return _blas_matmul(kb, "matmul_viewed", s.type, ins, False, False, None, views)
 
 
