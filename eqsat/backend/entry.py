@@ -18,7 +18,7 @@ from ..ir.types import TensorType
 from . import blas, fused_kernels  # (importing fused_kernels registers the fused ops' kernels)
 from .chunks import Buffer, Group, Member, group_kernel, try_join
 from .llvm_kernels import (STREAM_ALIGN, Kernel, KernelBuilder, blas_pays, build_kernel,
-                           gemm_layout_ok, matmul_viewed)
+                           gemm_layout_ok, matmul_viewed, uses_packed_gemm)
 from .loops import i64, row_major_strides
 from .parallel import emit_kernel_call
 from .reuse import find_shares
@@ -235,6 +235,7 @@ def _one_blas_thread(fn: ir.Function, b: ir.IRBuilder, setter: ir.Function | Non
 def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> None:
     """Emit every function's kernels and its entry function into `llmod`."""
     kb = KernelBuilder(llmod)
+    kb.blas_threads = not any(uses_packed_gemm(p.func) for p in plans.values())
     entries = {name: ir.Function(llmod, ENTRY_TYPE, entry_symbol(name)) for name in plans}
     memcpy = declare(llmod, "llvm.memcpy.p0.p0.i64", ir.VoidType(),
                      [VOIDP, VOIDP, I64, ir.IntType(1)])

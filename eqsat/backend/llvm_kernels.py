@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from ..ir.module import Stmt
+from ..ir.module import Function, Stmt
 from ..ir.ops import lookup
 from ..ir.types import DType, TensorType
 from . import blas
@@ -67,6 +67,9 @@ class KernelBuilder:
     def __init__(self, module: ir.Module):
         self.module = module
         self.count = 0
+        # Whether lone products on the BLAS may use its own threads: cleared by the entry in
+        # modules whose large products run on the generated GEMM (see _blas_matmul).
+        self.blas_threads = True
         # Set by the entry while it builds a kernel whose output is a large result of the
         # function: nobody here reads it again, so its stores bypass the caches
         # (see loops.streamed_nest).
@@ -394,15 +397,14 @@ def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
 
     # Our threads split batches, each calling the BLAS single-threaded (the entry sets it so);
     # a lone product runs on the BLAS's own threads, which split it better than row blocks
-    # (the operand each block shares is packed once, not per block) and are the pool numpy's
-    # products use too (see blas.py).
-    # Where the generated GEMM takes every large product, the BLAS gets only narrow ones: they
-    # run on this thread alone, so that OpenBLAS's workers never wake (they would spin for
-    # ~0.1 s after the call, taking a core from our own pool's next kernels).
-    from . import gemm as packed
+    # (the operand each block shares is packed once, not per block), except in a module whose
+    # large products run on the generated GEMM (`KernelBuilder.blas_threads`): OpenBLAS's
+    # workers spin for ~0.1 s after each call, taking a core from our pool's next kernels
+    # (mlp_fwd with its narrow last product on them: 1.7x slower), so there the narrow
+    # products the BLAS still gets run on this thread alone.
     from .parallel import THREADS  # here: parallel imports this module
-    own_pool = batch == 1 and THREADS > 1 and not (packed.ENABLED and packed.LONE_PRODUCTS)
-    setter = blas.declare_threads(kb.module) if own_pool else None
+    blas_pool = batch == 1 and THREADS > 1 and kb.blas_threads
+    setter = blas.declare_threads(kb.module) if blas_pool else None
     if setter is not None:
         b.call(setter, [ir.Constant(I32, THREADS)])
     with for_range(b, lo, hi, name="batch") as t:
@@ -436,6 +438,18 @@ def gemm_pays(out: TensorType, k: int) -> bool:
     return not blas.available() or (
         (gemm.LONE_PRODUCTS or math.prod(out.shape[:-2]) > 1)
         and gemm.tile_use(out.dtype, m, n) >= gemm.MIN_TILE_USE)
+
+
+def uses_packed_gemm(func: Function) -> bool:
+    """Whether any product of `func` runs on the generated GEMM (see `gemm_pays`)."""
+    types = func.types()
+    for s in func.body:
+        if s.op in ("matmul", "matmul_t", "matmul_epi") and s.type.dtype.is_float:
+            a = types[s.operands[0]]
+            k = a.shape[-2] if s.attr.get("ta") else a.shape[-1]
+            if k and gemm_pays(s.type, k):
+                return True
+    return False
 
 
 def _loop_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
