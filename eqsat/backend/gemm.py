@@ -12,6 +12,12 @@ written back. An epilogue rewrites each (MC x NC) block of C as soon as its last
 is done, while it is still in cache. Threads get whole products of a batch, or equal shares
 of one product's columns or rows (`split`), each packing into its own stack buffers, so the
 kernel is re-entrant.
+
+The code is shared: a module has one driver (blocking loops, packing, micro-kernel) per
+dtype, taking the shapes, the operands' strides and the thread's share as arguments; each
+product's kernel is a thin wrapper calling it with its constants, and passes its epilogue as
+a function pointer. Cold compiles pay LLVM for one GEMM per module instead of one per
+product (train_step: 9 products, LLVM 0.85 -> ~0.4 s).
 """
 
 from __future__ import annotations
@@ -80,6 +86,9 @@ def _micro_kernel(module: ir.Module, dtype: DType, bl: Blocking) -> ir.Function:
                      name)
     fn.linkage = "internal"
     fn.attributes.add("nounwind")
+    # Not inlined into the driver: LLVM's loop passes over the driver's nest would take
+    # several times as long, for nothing (a call per tile of MR x NR x KC steps).
+    fn.attributes.add("noinline")
     for a in (fn.args[0], fn.args[1], fn.args[3]):
         a.add_attribute("noalias")
     ap, bp, kc, c, ldc, rows, cols, acc = fn.args
@@ -195,7 +204,7 @@ def _transpose(b: ir.IRBuilder, rows: list[ir.Value]) -> list[ir.Value]:
 
 
 def _pack_transposing(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, depth: ir.Value, r: int,
-                      s_w: int, lanes: int, name: str) -> None:
+                      s_w: ir.Value, lanes: int, name: str) -> None:
     """A whole panel of r (a multiple of the lanes) read along its contiguous depth: W x W
     blocks loaded as W vectors and transposed in registers, where element by element would
     scatter each store (slow on Zen 4); the rest of the depth element by element."""
@@ -203,68 +212,133 @@ def _pack_transposing(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, depth: ir.V
     size = 4 if isinstance(ety, ir.FloatType) else 8
     vty = ir.VectorType(ety, lanes)
     full = b.mul(b.udiv(depth, i64(lanes)), i64(lanes))
+    # The panel's groups of W rows in a loop, not unrolled: one transpose's code, not r / W.
     with for_range(b, 0, b.udiv(depth, i64(lanes)), name=f"{name}.tp") as pq:
         p0 = b.mul(pq, i64(lanes))
-        for g in range(r // lanes):
-            vecs = [b.load(b.bitcast(b.gep(src, [b.add(i64((g * lanes + i) * s_w), p0)],
-                                           inbounds=True), vty.as_pointer()),
-                           align=size)
+        with for_range(b, 0, i64(r // lanes), name=f"{name}.tg") as g:
+            first = b.mul(g, i64(lanes))
+            base = b.gep(src, [b.add(b.mul(first, s_w), p0)], inbounds=True)
+            vecs = [b.load(b.bitcast(b.gep(base, [b.mul(i64(i), s_w)], inbounds=True),
+                                     vty.as_pointer()), align=size)
                     for i in range(lanes)]
             for j, v in enumerate(_transpose(b, vecs)):
-                at = b.add(b.mul(b.add(p0, i64(j)), i64(r)), i64(g * lanes))
+                at = b.add(b.mul(b.add(p0, i64(j)), i64(r)), first)
                 b.store(v, b.bitcast(b.gep(dst, [at], inbounds=True), vty.as_pointer()),
                         align=lanes * size)  # panels of r * depth: 64-byte aligned
     with for_range(b, full, depth, name=f"{name}.tr") as p:
         out = b.gep(dst, [b.mul(p, i64(r))], inbounds=True)
+        with for_range(b, 0, i64(r), name=f"{name}.ti") as i:
+            b.store(_rare_load(b, src, b.add(b.mul(i, s_w), p)),
+                    b.gep(out, [i], inbounds=True))
+
+
+def _pack_steps(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, depth: ir.Value, r: int,
+                s_w: ir.Value | int, s_d: ir.Value, lanes: int, name: str) -> None:
+    """A whole panel step by step along the depth: r loads (unrolled), one contiguous store.
+    With s_w the constant 1 the loads are contiguous too, and become vectors."""
+    stride = i64(s_w) if isinstance(s_w, int) else s_w
+    if not isinstance(s_w, int) and r > 16:
+        # Strided both ways (a view's B): rare, so a loop, not r unrolled loads.
+        with for_range(b, 0, depth, name=f"{name}.p") as p:
+            row = b.gep(src, [b.mul(p, s_d)], inbounds=True)
+            out = b.gep(dst, [b.mul(p, i64(r))], inbounds=True)
+            with for_range(b, 0, i64(r), name=f"{name}.i") as i:
+                b.store(_rare_load(b, row, b.mul(i, stride)),
+                        b.gep(out, [i], inbounds=True))
+        return
+    with for_range(b, 0, depth, name=f"{name}.p") as p:
+        row = b.gep(src, [b.mul(p, s_d)], inbounds=True)
+        out = b.gep(dst, [b.mul(p, i64(r))], inbounds=True)
+        ety = dst.type.pointee
+        size = 4 if isinstance(ety, ir.FloatType) else 8
+        if isinstance(s_w, int) and s_w == 1 and r % lanes == 0:
+            # Contiguous: whole vectors, written as such (not left to the SLP vectorizer).
+            vp = ir.VectorType(ety, lanes).as_pointer()
+            for v in range(r // lanes):
+                b.store(b.load(b.bitcast(b.gep(row, [i64(v * lanes)], inbounds=True), vp),
+                               align=size),
+                        b.bitcast(b.gep(out, [i64(v * lanes)], inbounds=True), vp),
+                        align=lanes * size)  # panels of r * depth: aligned
+            return
         for i in range(r):
-            b.store(b.load(b.gep(src, [b.add(i64(i * s_w), p)], inbounds=True)),
-                    b.gep(out, [i64(i)], inbounds=True))
+            at = i64(i * s_w) if isinstance(s_w, int) else b.mul(i64(i), stride)
+            b.store(b.load(b.gep(row, [at], inbounds=True)), b.gep(out, [i64(i)], inbounds=True))
 
 
-def _pack(b: ir.IRBuilder, dst: ir.Value, src: ir.Value, width: ir.Value, depth: ir.Value,
-          r: int, s_w: int, s_d: int, zero: ir.Constant, name: str, lanes: int) -> None:
-    """dst = the `width` x `depth` block at src (element strides s_w across, s_d along the
-    depth) as panels of r: panel q holds dst[q*r*depth + p*r + i] = src[(q*r + i)*s_w +
-    p*s_d], zero where q*r + i >= width (never written back, but stack garbage there could
-    be denormals or NaNs, which slow the FMAs)."""
+def _rare_load(b: ir.IRBuilder, base: ir.Value, index: ir.Value) -> ir.Value:
+    """base[index] in a loop that runs rarely (edge panels, doubly strided views), the index
+    passed through an empty inline asm: LLVM can neither vectorize the loop into gathers and
+    scatters, which cost more compile time than they could ever save, nor turn it into a
+    library call (an atomic or volatile load would make it `memcpy.element.unordered.atomic`,
+    a symbol the JIT lacks: measured, a crash)."""
+    opaque = b.asm(ir.FunctionType(I64, [I64]), "", "=r,0", [index], side_effect=False)
+    return b.load(b.gep(base, [opaque], inbounds=True))
+
+
+def _pack_fn(module: ir.Module, dtype: DType, r: int, lanes: int) -> ir.Function:
+    """`void pack(T* dst, T* src, i64 width, i64 depth, i64 s_w, i64 s_d)`, shared by every
+    product of the module: dst = the `width` x `depth` block at src (element strides s_w
+    across, s_d along the depth) as panels of r: panel q holds dst[q*r*depth + p*r + i] =
+    src[(q*r + i)*s_w + p*s_d], zero where q*r + i >= width (never written back, but stack
+    garbage there could be denormals or NaNs, which slow the FMAs). The strides are run-time
+    values; the layouts that have a fast path (contiguous across, or contiguous along the
+    depth) are tested once per panel."""
+    ety = llvm_type(dtype)
+    name = f"eqsat.gemm.pack.{dtype}.{r}.{lanes}"
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn
+    p = ety.as_pointer()
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64, I64, I64, I64]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")  # as the micro-kernel: a call per packed block
+    for a in fn.args[:2]:
+        a.add_attribute("noalias")
+    dst, src, width, depth, s_w, s_d = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    zero = ir.Constant(ety, 0.0)
+    unit_w = b.icmp_signed("==", s_w, i64(1))
     panels = b.udiv(b.add(width, i64(r - 1)), i64(r))
-    with for_range(b, 0, panels, name=f"{name}.q") as q:
+    with for_range(b, 0, panels, name="q") as q:
         first = b.mul(q, i64(r))
-        srcq = b.gep(src, [b.mul(first, i64(s_w))], inbounds=True)
+        srcq = b.gep(src, [b.mul(first, s_w)], inbounds=True)
         dstq = b.gep(dst, [b.mul(first, depth)], inbounds=True)
         valid = b.sub(width, first)
         with b.if_else(b.icmp_signed(">=", valid, i64(r))) as (whole, part):
-            # A wide panel (B's NR) read along the depth goes row by row, so the loads are
-            # vectors; a narrow one (A's MR) step by step: MR loads, one contiguous store,
+            # A wide panel (B's NR) read along a contiguous depth goes by W x W blocks
+            # transposed in registers; otherwise step by step: r loads, one contiguous store,
             # where row by row would scatter (slow on Zen 4).
             with whole:
-                if s_d == 1 and s_w != 1 and r % lanes == 0:
-                    _pack_transposing(b, dstq, srcq, depth, r, s_w, lanes, name)
-                elif s_d == 1 and s_w != 1 and r > 16:
-                    with for_range(b, 0, r, name=f"{name}.wi") as i:
-                        row = b.gep(srcq, [b.mul(i, i64(s_w))], inbounds=True)
-                        with for_range(b, 0, depth, name=f"{name}.wp") as p:
-                            b.store(b.load(b.gep(row, [p], inbounds=True)),
-                                    b.gep(dstq, [b.add(b.mul(p, i64(r)), i)], inbounds=True))
+                if r % lanes:
+                    # A's narrow panel: r loads a step with the stride as it comes (a
+                    # contiguous variant measured no faster).
+                    _pack_steps(b, dstq, srcq, depth, r, s_w, s_d, lanes, "ps")
                 else:
-                    with for_range(b, 0, depth, name=f"{name}.p") as p:
-                        row = b.gep(srcq, [b.mul(p, i64(s_d))], inbounds=True)
-                        out = b.gep(dstq, [b.mul(p, i64(r))], inbounds=True)
-                        for i in range(r):
-                            b.store(b.load(b.gep(row, [i64(i * s_w)], inbounds=True)),
-                                    b.gep(out, [i64(i)], inbounds=True))
+                    with b.if_else(unit_w) as (contiguous, strided):
+                        with contiguous:
+                            _pack_steps(b, dstq, srcq, depth, r, 1, s_d, lanes, "pc")
+                        with strided:
+                            along = b.icmp_signed("==", s_d, i64(1))
+                            with b.if_else(along) as (tr, gen):
+                                with tr:
+                                    _pack_transposing(b, dstq, srcq, depth, r, s_w, lanes, "pt")
+                                with gen:
+                                    _pack_steps(b, dstq, srcq, depth, r, s_w, s_d, lanes, "ps")
             with part:
-                with for_range(b, 0, depth, name=f"{name}.ep") as p:
-                    row = b.gep(srcq, [b.mul(p, i64(s_d))], inbounds=True)
+                with for_range(b, 0, depth, name="ep") as p:
+                    row = b.gep(srcq, [b.mul(p, s_d)], inbounds=True)
                     out = b.gep(dstq, [b.mul(p, i64(r))], inbounds=True)
-                    with for_range(b, 0, i64(r), name=f"{name}.ei") as i:
+                    with for_range(b, 0, i64(r), name="ei") as i:
                         inside = b.icmp_signed("<", i, valid)
                         with b.if_else(inside) as (load, pad):
                             with load:
-                                b.store(b.load(b.gep(row, [b.mul(i, i64(s_w))], inbounds=True)),
+                                b.store(_rare_load(b, row, b.mul(i, s_w)),
                                         b.gep(out, [i], inbounds=True))
                             with pad:
                                 b.store(zero, b.gep(out, [i], inbounds=True))
+    b.ret_void()
+    return fn
 
 
 # ---------------------------------------------------------------- the kernel
@@ -322,83 +396,132 @@ def split(batch: int, m: int, n: int, bl: Blocking, threads: int) -> Split:
     return Split(-(-dim // chunk), chunk, by_cols)
 
 
-def gemm_kernel(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, c: ir.Value,
-                pa: ir.Value, pb: ir.Value, extras: list[ir.Value], dtype: DType,
-                bshape: Sequence[int], m: int, n: int, k: int, oa: Operand, ob: Operand,
-                sp: Split, bl: Blocking, epilogue: BlockEpilogue | None) -> None:
-    """Emit, at `b` (in a kernel function), the units [lo, hi) of the product (see `split`):
-    unit u is share u % parts of batch u // parts. k >= 1."""
-    ety = llvm_type(dtype)
-    uk = _micro_kernel(b.module, dtype, bl)
-    zero = ir.Constant(ety, 0.0)
-    with b.goto_entry_block():
-        abuf = b.alloca(ir.ArrayType(ety, bl.mc * bl.kc), name="apack")
-        bbuf = b.alloca(ir.ArrayType(ety, bl.kc * bl.nc), name="bpack")
-        abuf.align = bbuf.align = 64
-    ap, bp = b.bitcast(abuf, ety.as_pointer()), b.bitcast(bbuf, ety.as_pointer())
+I8P = ir.IntType(8).as_pointer()
 
-    def batch_offset(t: ir.Value, strides: Sequence[int]) -> ir.Value:
-        off, inner = i64(0), 1
-        for d in reversed(range(len(bshape))):
-            if strides[d] and bshape[d] > 1:
-                idx = b.urem(b.udiv(t, i64(inner)), i64(bshape[d]))
-                off = b.add(off, b.mul(idx, i64(strides[d])))
-            inner *= bshape[d]
-        return off
+
+def _epilogue_type(dtype: DType) -> ir.FunctionType:
+    """`void epi(i8** extras, T* c, i64 r0, i64 r1, i64 j0, i64 j1)`: rewrite columns [j0, j1)
+    of C's flat rows [r0, r1), reading the extra operands' pointers from `extras`."""
+    p = llvm_type(dtype).as_pointer()
+    return ir.FunctionType(ir.VoidType(), [I8P.as_pointer(), p, I64, I64, I64, I64])
+
+
+# The driver's parameters after the C, A and B pointers, in order.
+DRIVER_ARGS = ("t", "m", "n", "k", "r0", "r1", "c0", "c1", "a_rows", "a_cols", "b_rows",
+               "b_cols")
+
+
+def _driver(module: ir.Module, dtype: DType, bl: Blocking) -> ir.Function:
+    """`void drv(T* c, T* a, T* b, i64 t, m, n, k, r0, r1, c0, c1, a_rows, a_cols, b_rows,
+    b_cols, epi*, i8** extras)`, once per module and dtype: C[t][r0:r1, c0:c1] (C: m x n
+    matrices from c) = op(A) @ op(B), op(A) at a with element strides a_rows, a_cols (op(B)
+    likewise), then `epi` (or null) over each finished block. Every product's kernel calls it
+    with its own shapes and strides, so the packing and blocking code is emitted once.
+    noinline: its packing buffers are a large stack frame, which must not add up in a
+    caller."""
+    ety = llvm_type(dtype)
+    name = f"eqsat.gemm.drv.{dtype}.{bl.mr}x{bl.nr}"
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn
+    p = ety.as_pointer()
+    epi_ty = _epilogue_type(dtype)
+    fn = ir.Function(module, ir.FunctionType(
+        ir.VoidType(), [p, p, p, *[I64] * len(DRIVER_ARGS), epi_ty.as_pointer(),
+                        I8P.as_pointer()]), name)
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
+    for a in fn.args[:3]:
+        a.add_attribute("noalias")
+    c, pa, pb = fn.args[:3]
+    t, m, n, k, r0, r1, c0, c1, sar, sac, sbr, sbc = fn.args[3:3 + len(DRIVER_ARGS)]
+    epi, extras = fn.args[-2:]
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    uk = _micro_kernel(module, dtype, bl)
+    pack_a, pack_b = _pack_fn(module, dtype, bl.mr, bl.lanes), _pack_fn(module, dtype, bl.nr,
+                                                                         bl.lanes)
+    abuf = b.alloca(ir.ArrayType(ety, bl.mc * bl.kc), name="apack")
+    bbuf = b.alloca(ir.ArrayType(ety, bl.kc * bl.nc), name="bpack")
+    abuf.align = bbuf.align = 64
+    ap, bp = b.bitcast(abuf, p), b.bitcast(bbuf, p)
+    has_epi = b.icmp_unsigned("!=", epi, ir.Constant(epi.type, None))
 
     def smin(x: ir.Value, y: ir.Value) -> ir.Value:
         return b.select(b.icmp_signed("<", x, y), x, y)
 
-    with for_range(b, lo, hi, name="unit") as u:
-        t, part = b.udiv(u, i64(sp.parts)), b.urem(u, i64(sp.parts))
-        a_t = b.gep(pa, [batch_offset(t, oa.batch)], inbounds=True)
-        b_t = b.gep(pb, [batch_offset(t, ob.batch)], inbounds=True)
-        c_t = b.gep(c, [b.mul(t, i64(m * n))], inbounds=True)
-        start = b.mul(part, i64(sp.chunk))
-        end = smin(b.add(start, i64(sp.chunk)), i64(n if sp.by_cols else m))
-        c0, c1 = (start, end) if sp.by_cols else (i64(0), i64(n))
-        r0, r1 = (i64(0), i64(m)) if sp.by_cols else (start, end)
-        nblocks = b.udiv(b.add(b.sub(c1, c0), i64(bl.nc - 1)), i64(bl.nc))
-        with for_range(b, 0, nblocks, name="jc") as jb:
-            jc = b.add(c0, b.mul(jb, i64(bl.nc)))
-            nc = smin(i64(bl.nc), b.sub(c1, jc))
-            # Depth blocks of equal length (not KC and a short rest: a short block pays the
-            # C tile's loads and stores for little work).
-            kblocks = -(-k // bl.kc)
-            kstep = -(-k // kblocks)
-            with for_range(b, 0, i64(kblocks), name="pc") as pb_:
-                pc = b.mul(pb_, i64(kstep))
-                kc = smin(i64(kstep), b.sub(i64(k), pc))
-                first = b.icmp_signed("!=", pb_, i64(0))  # accumulate into C after block 0
-                last = b.icmp_signed(">=", b.add(pc, kc), i64(k))
-                bsrc = b.gep(b_t, [b.add(b.mul(pc, i64(ob.rows)), b.mul(jc, i64(ob.cols)))],
-                             inbounds=True)
-                _pack(b, bp, bsrc, nc, kc, bl.nr, ob.cols, ob.rows, zero, "pb", bl.lanes)
-                mblocks = b.udiv(b.add(b.sub(r1, r0), i64(bl.mc - 1)), i64(bl.mc))
-                with for_range(b, 0, mblocks, name="ic") as ib:
-                    ic = b.add(r0, b.mul(ib, i64(bl.mc)))
-                    mc = smin(i64(bl.mc), b.sub(r1, ic))
-                    asrc = b.gep(a_t, [b.add(b.mul(ic, i64(oa.rows)),
-                                             b.mul(pc, i64(oa.cols)))], inbounds=True)
-                    _pack(b, ap, asrc, mc, kc, bl.mr, oa.rows, oa.cols, zero, "pa", bl.lanes)
-                    cblk = b.gep(c_t, [b.add(b.mul(ic, i64(n)), jc)], inbounds=True)
-                    jrs = b.udiv(b.add(nc, i64(bl.nr - 1)), i64(bl.nr))
-                    irs = b.udiv(b.add(mc, i64(bl.mr - 1)), i64(bl.mr))
-                    with for_range(b, 0, jrs, name="jr") as jq:
-                        jr = b.mul(jq, i64(bl.nr))
-                        bpan = b.gep(bp, [b.mul(jr, kc)], inbounds=True)
-                        cols = smin(i64(bl.nr), b.sub(nc, jr))
-                        with for_range(b, 0, irs, name="ir") as iq:
-                            ir_ = b.mul(iq, i64(bl.mr))
-                            apan = b.gep(ap, [b.mul(ir_, kc)], inbounds=True)
-                            rows = smin(i64(bl.mr), b.sub(mc, ir_))
-                            ctile = b.gep(cblk, [b.add(b.mul(ir_, i64(n)), jr)], inbounds=True)
-                            b.call(uk, [apan, bpan, kc, ctile, i64(n), rows, cols, first])
-                    if epilogue is not None:
-                        with b.if_then(last):
-                            with for_range(b, 0, mc, name="erow") as r:
-                                row = b.add(b.mul(t, i64(m)), b.add(ic, r))
-                                epilogue(b, extras, c, row, (jc, b.add(jc, nc)))
+    c_t = b.gep(c, [b.mul(t, b.mul(m, n))], inbounds=True)
+    nblocks = b.udiv(b.add(b.sub(c1, c0), i64(bl.nc - 1)), i64(bl.nc))
+    # Depth blocks of equal length (not KC and a short rest: a short block pays the C tile's
+    # loads and stores for little work).
+    kblocks = b.udiv(b.add(k, i64(bl.kc - 1)), i64(bl.kc))
+    kstep = b.udiv(b.add(k, b.sub(kblocks, i64(1))), kblocks)
+    mblocks = b.udiv(b.add(b.sub(r1, r0), i64(bl.mc - 1)), i64(bl.mc))
+    with for_range(b, 0, nblocks, name="jc") as jb:
+        jc = b.add(c0, b.mul(jb, i64(bl.nc)))
+        nc = smin(i64(bl.nc), b.sub(c1, jc))
+        with for_range(b, 0, kblocks, name="pc") as pb_:
+            pc = b.mul(pb_, kstep)
+            kc = smin(kstep, b.sub(k, pc))
+            first = b.icmp_signed("!=", pb_, i64(0))  # accumulate into C after block 0
+            last = b.icmp_signed(">=", b.add(pc, kc), k)
+            bsrc = b.gep(pb, [b.add(b.mul(pc, sbr), b.mul(jc, sbc))], inbounds=True)
+            b.call(pack_b, [bp, bsrc, nc, kc, sbc, sbr])
+            with for_range(b, 0, mblocks, name="ic") as ib:
+                ic = b.add(r0, b.mul(ib, i64(bl.mc)))
+                mc = smin(i64(bl.mc), b.sub(r1, ic))
+                asrc = b.gep(pa, [b.add(b.mul(ic, sar), b.mul(pc, sac))], inbounds=True)
+                b.call(pack_a, [ap, asrc, mc, kc, sar, sac])
+                cblk = b.gep(c_t, [b.add(b.mul(ic, n), jc)], inbounds=True)
+                jrs = b.udiv(b.add(nc, i64(bl.nr - 1)), i64(bl.nr))
+                irs = b.udiv(b.add(mc, i64(bl.mr - 1)), i64(bl.mr))
+                with for_range(b, 0, jrs, name="jr") as jq:
+                    jr = b.mul(jq, i64(bl.nr))
+                    bpan = b.gep(bp, [b.mul(jr, kc)], inbounds=True)
+                    cols = smin(i64(bl.nr), b.sub(nc, jr))
+                    with for_range(b, 0, irs, name="ir") as iq:
+                        ir_ = b.mul(iq, i64(bl.mr))
+                        apan = b.gep(ap, [b.mul(ir_, kc)], inbounds=True)
+                        rows = smin(i64(bl.mr), b.sub(mc, ir_))
+                        ctile = b.gep(cblk, [b.add(b.mul(ir_, n), jr)], inbounds=True)
+                        b.call(uk, [apan, bpan, kc, ctile, n, rows, cols, first])
+                with b.if_then(b.and_(last, has_epi)):
+                    row = b.add(b.mul(t, m), ic)
+                    b.call(epi, [extras, c, row, b.add(row, mc), jc, b.add(jc, nc)])
+    b.ret_void()
+    return fn
+
+
+def _epilogue_fn(kb: KernelBuilder, name: str, dtype: DType, extras: Sequence[DType],
+                 epilogue: BlockEpilogue) -> ir.Function:
+    """The driver's `epi` for one kernel (see `_epilogue_type`): loads the extras' pointers
+    and calls the body, a function taking them as noalias arguments (C and the extras never
+    share memory), so that its row loop vectorizes without run-time alias checks."""
+    module = kb.module
+    p = llvm_type(dtype).as_pointer()
+    eps = [llvm_type(d).as_pointer() for d in extras]
+    body = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, *eps, *[I64] * 4]),
+                       f"{name}.epi.body")
+    body.linkage = "internal"
+    body.attributes.add("nounwind")
+    for a in body.args[:1 + len(eps)]:
+        a.add_attribute("noalias")
+    b = ir.IRBuilder(body.append_basic_block("entry"))
+    c, *ptrs = body.args[:1 + len(eps)]
+    r0, r1, j0, j1 = body.args[1 + len(eps):]
+    with for_range(b, r0, r1, name="erow") as r:
+        epilogue(b, list(ptrs), c, r, (j0, j1))
+    b.ret_void()
+    fn = ir.Function(module, _epilogue_type(dtype), f"{name}.epi")
+    fn.linkage = "internal"
+    fn.attributes.add("nounwind")
+    ctx, c, *rest = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    loaded = [b.bitcast(b.load(b.gep(ctx, [i64(i)], inbounds=True)), ep)
+              for i, ep in enumerate(eps)]
+    b.call(body, [c, *loaded, *rest])
+    b.ret_void()
+    return fn
 
 
 # ---------------------------------------------------------------- as a kernel
@@ -453,10 +576,39 @@ def gemm_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Ten
     # Too little work for threads (see parallel.emit_kernel_call): one share, packed once.
     sp = split(batch, m, n, bl, THREADS if work >= PARALLEL_MIN_WORK else 1)
     fn, b, lo, hi, (c,), ptrs = kb.function(name, [out.dtype], [t.dtype for t in ins])
-    # Its packing buffers are a large stack frame: inlined into the entry, several products'
-    # frames could add up.
-    fn.attributes.add("noinline")
-    gemm_kernel(b, lo, hi, c, ptrs[0], ptrs[1], ptrs[2:], out.dtype, bshape, m, n, k, oa,
-                ob, sp, bl, epilogue)
+    drv = _driver(b.module, out.dtype, bl)
+    epi_ty = _epilogue_type(out.dtype).as_pointer()
+    epi, ctx = ir.Constant(epi_ty, None), ir.Constant(I8P.as_pointer(), None)
+    if epilogue is not None:
+        epi = _epilogue_fn(kb, fn.name, out.dtype, [t.dtype for t in ins[2:]], epilogue)
+        if len(ins) > 2:
+            with b.goto_entry_block():
+                arr = b.alloca(ir.ArrayType(I8P, len(ins) - 2), name="extras")
+            ctx = b.bitcast(arr, I8P.as_pointer())
+            for i, ptr in enumerate(ptrs[2:]):
+                b.store(b.bitcast(ptr, I8P), b.gep(ctx, [i64(i)], inbounds=True))
+
+    def batch_offset(t: ir.Value, strides: Sequence[int]) -> ir.Value:
+        off, inner = i64(0), 1
+        for d in reversed(range(len(bshape))):
+            if strides[d] and bshape[d] > 1:
+                idx = b.urem(b.udiv(t, i64(inner)), i64(bshape[d]))
+                off = b.add(off, b.mul(idx, i64(strides[d])))
+            inner *= bshape[d]
+        return off
+
+    # Unit u is share u % parts of batch u // parts (see `split`).
+    with for_range(b, lo, hi, name="unit") as u:
+        t, part = b.udiv(u, i64(sp.parts)), b.urem(u, i64(sp.parts))
+        a_t = b.gep(ptrs[0], [batch_offset(t, oa.batch)], inbounds=True)
+        b_t = b.gep(ptrs[1], [batch_offset(t, ob.batch)], inbounds=True)
+        start = b.mul(part, i64(sp.chunk))
+        dim = n if sp.by_cols else m
+        end = b.select(b.icmp_signed("<", b.add(start, i64(sp.chunk)), i64(dim)),
+                       b.add(start, i64(sp.chunk)), i64(dim))
+        c0, c1 = (start, end) if sp.by_cols else (i64(0), i64(n))
+        r0, r1 = (i64(0), i64(m)) if sp.by_cols else (start, end)
+        b.call(drv, [c, a_t, b_t, t, i64(m), i64(n), i64(k), r0, r1, c0, c1, i64(oa.rows),
+                     i64(oa.cols), i64(ob.rows), i64(ob.cols), epi, ctx])
     b.ret_void()
     return Kernel(fn, batch * sp.parts, work)
