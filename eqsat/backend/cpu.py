@@ -1,28 +1,42 @@
 """The CPU target: lower a module to LLVM IR, compile it (with memory and disk caches) and
-wrap the entry points in an Executable."""
+wrap the entry points in an Executable.
+
+A compile whose object code is in the disk cache imports none of the kernel builders (entry,
+gemm, parallel and what they import: ~40 ms of a fresh process where no bytecode is cached) and
+plans no buffers: what the Executable needs of the plans (entry symbols, arena sizes) is stored
+beside the object as `<key>.layout.json`.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from llvmlite import ir
-
+from .. import cache
 from ..ir.module import Module
 from ..ir.verifier import plain_module
 from . import jit
-from .entry import Plan, emit_module, plan_module
-from . import gemm, parallel
 from .runtime import Executable
 
+if TYPE_CHECKING:
+    from .entry import Plan
+
 _DEFAULT = object()
-_memory: dict[str, jit.Code] = {}
+_memory: dict[str, tuple[jit.Code, dict[str, Any]]] = {}
 _lock = threading.Lock()
 
 
 def lower(module: Module) -> tuple[str, dict[str, Plan]]:
     """The LLVM IR text (before optimization) and the buffer plans of a verified module."""
+    from llvmlite import ir
+
+    from .entry import emit_module, plan_module
+
     plans = plan_module(module)
     llmod = ir.Module(name=module.name)
     llmod.triple = jit.host()[0]
@@ -37,12 +51,59 @@ def emit_llvm(module: Module) -> str:
     return str(jit.optimize(text))
 
 
+def gemm_switches() -> tuple[bool, bool]:
+    """gemm.ENABLED and gemm.LONE_PRODUCTS, without importing gemm when it is not loaded yet.
+
+    gemm reads EQSAT_GEMM at import ("0": off, "batched": batched products only, else all);
+    once it is loaded its attributes rule (tests set them), else the same rule is applied to
+    the environment (test_backend_cpu checks that both agree for every mode)."""
+    gemm = sys.modules.get(f"{__package__}.gemm")
+    if gemm is not None:
+        return bool(gemm.ENABLED), bool(gemm.LONE_PRODUCTS)
+    mode = os.environ.get("EQSAT_GEMM", "all")
+    return mode != "0", mode not in ("0", "batched")
+
+
+def threads() -> int:
+    """parallel.THREADS, without importing parallel when it is not loaded yet."""
+    parallel = sys.modules.get(f"{__package__}.parallel")
+    if parallel is not None:
+        return int(parallel.THREADS)
+    return max(1, min(os.cpu_count() or 1, 16))  # parallel.THREADS's own rule
+
+
 def cache_key(module: Module) -> str:
     """What identifies compiled code: the module text, the target and the code generator."""
+    enabled, lone = gemm_switches()
     h = hashlib.sha256(str(module).encode())
-    h.update(f"{jit.fingerprint()}:{parallel.THREADS}".encode())
-    h.update(f"gemm {gemm.ENABLED} {gemm.LONE_PRODUCTS}".encode())
+    h.update(f"{jit.fingerprint()}:{threads()}".encode())
+    h.update(f"gemm {enabled} {lone}".encode())
     return h.hexdigest()[:40]
+
+
+def _layout(plans: dict[str, Plan]) -> dict[str, Any]:
+    """What an Executable needs of the plans: each entry's symbol and arena size, the alignment."""
+    from .entry import ALIGN, entry_symbol
+
+    return {"align": ALIGN,
+            "functions": {name: {"symbol": entry_symbol(name), "arena_bytes": p.arena_bytes}
+                          for name, p in plans.items()}}
+
+
+def _load_layout(directory: Path | None, key: str, module: Module) -> dict[str, Any] | None:
+    """The stored layout of `key`, or None when missing, damaged or not this module's."""
+    data = cache.load(directory, f"{key}.layout.json")
+    if data is None:
+        return None
+    try:
+        layout = json.loads(data)
+        names = {f.name for f in module.functions}
+        ok = (isinstance(layout["align"], int) and set(layout["functions"]) == names and
+              all(isinstance(e["symbol"], str) and isinstance(e["arena_bytes"], int)
+                  for e in layout["functions"].values()))
+    except (ValueError, KeyError, TypeError):
+        return None
+    return layout if ok else None
 
 
 def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFAULT) -> Executable:
@@ -55,14 +116,18 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
     directory = jit.default_cache_dir() if cache_dir is _DEFAULT else (
         Path(cache_dir) if cache_dir is not None else None)
     key = cache_key(module)
-    plans = plan_module(module)
     with _lock:
-        code = _memory.get(key)
-        if code is None:
+        hit = _memory.get(key)
+        if hit is None:
             obj = jit.cache_load(directory, key)
-            if obj is None:
-                text, _ = lower(module)
+            layout = _load_layout(directory, key, module) if obj is not None else None
+            if obj is None or layout is None:
+                text, plans = lower(module)
                 obj = jit.compile_object(text)
+                layout = _layout(plans)
+                # the layout first: an object without its layout is a miss, never a wrong call
+                cache.store(directory, f"{key}.layout.json", json.dumps(layout).encode())
                 jit.cache_store(directory, key, obj)
-            code = _memory[key] = jit.Code(obj)
-    return Executable(module, code, plans, key)
+            hit = _memory[key] = (jit.Code(obj, directory), layout)
+    code, layout = hit
+    return Executable(module, code, layout, key)

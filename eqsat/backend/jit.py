@@ -7,6 +7,7 @@ import ctypes.util
 import functools
 import hashlib
 import re
+import threading
 from pathlib import Path
 
 import llvmlite
@@ -15,15 +16,22 @@ import llvmlite.binding as llvm
 from .. import cache
 from . import blas
 
+POOL_SYMBOL = "eqsat_parallel"  # what kernels call to run on the pool (parallel.py)
+POOL_ENTRY = "eqsat.pool.run"  # the pool runtime's function bound to POOL_SYMBOL
+
 
 @functools.cache
 def _init() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     # Explicitly, so math symbols never depend on what the host process happened to load.
-    libm = ctypes.util.find_library("m")
-    if libm:
-        llvm.load_library_permanently(libm)
+    # By its usual soname first: find_library runs ldconfig (a few ms of a cached compile).
+    try:
+        llvm.load_library_permanently("libm.so.6")
+    except RuntimeError:
+        libm = ctypes.util.find_library("m")
+        if libm:
+            llvm.load_library_permanently(libm)
 
 
 @functools.cache
@@ -59,9 +67,11 @@ def vector_bits() -> int:
     return 512 if "+avx512f" in host()[2].split(",") else 256
 
 
+@functools.cache
 def fingerprint() -> str:
     """What compiled code depends on besides the program: target, llvmlite, and this backend's
-    own source (so a changed code generator never reuses stale objects)."""
+    own source (so a changed code generator never reuses stale objects). Computed once per
+    process: the source a process runs is the source it imported."""
     h = hashlib.sha256()
     h.update("\0".join((*host(), llvmlite.__version__)).encode())
     for path in sorted(Path(__file__).parent.glob("*.py")):
@@ -162,32 +172,45 @@ def compile_object(text: str) -> bytes:
 
 
 _runtime: list["Code"] = []  # the thread pool's engine, kept alive for the process
+_runtime_lock = threading.Lock()
 
 
-@functools.cache
-def _bind_pool() -> None:
-    # Built once per process, unoptimized: control code, as fast as its semaphores either way,
-    # and ready in ~12 ms instead of ~40 at O3 (a cached compile pays it).
-    from . import parallel  # here: parallel imports the kernel builders, which need jit
-    triple, cpu, features = host()
-    mod = llvm.parse_assembly(parallel.runtime_ir(triple, data_layout()))
-    mod.verify()
-    tm = llvm.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features, opt=0)
-    code = Code(tm.emit_object(mod))
-    _runtime.append(code)
-    llvm.add_symbol(parallel.POOL_SYMBOL, code.address("eqsat.pool.run"))
+def _bind_pool(directory: Path | None) -> None:
+    """Load the thread pool's runtime (parallel.runtime_ir) once per process and bind it."""
+    with _runtime_lock:
+        if _runtime:
+            return
+        # Its object is cached beside the kernels' (the fingerprint covers parallel.py), so a
+        # cached compile neither imports the kernel builders nor builds IR (~20 ms). Built
+        # unoptimized: control code, as fast as its semaphores either way, ready sooner.
+        name = f"pool-{fingerprint()[:40]}.o"
+        obj = cache.load(directory, name)
+        if obj is None:
+            from . import parallel  # here: parallel imports the kernel builders
+
+            triple, cpu, features = host()
+            mod = llvm.parse_assembly(parallel.runtime_ir(triple, data_layout()))
+            mod.verify()
+            tm = llvm.Target.from_triple(triple).create_target_machine(
+                cpu=cpu, features=features, opt=0)
+            obj = tm.emit_object(mod)
+            cache.store(directory, name, obj)
+        code = Code(obj)
+        _runtime.append(code)
+        llvm.add_symbol(POOL_SYMBOL, code.address(POOL_ENTRY))
 
 
 class Code:
     """Object code loaded into an MCJIT engine: symbol addresses stay valid while it lives."""
 
-    def __init__(self, obj: bytes):
+    def __init__(self, obj: bytes, directory: Path | None = None):
+        """Load `obj`; `directory` is the object cache the pool runtime may come from."""
         _init()
         if any(symbol.encode() in obj for symbol in blas.all_gemm_symbols()) or \
                 blas.THREADS_SYMBOL.encode() in obj:
             _bind_blas()
-        if b"eqsat_parallel" in obj:
-            _bind_pool()
+        if POOL_SYMBOL.encode() in obj:
+            _bind_pool(directory)
         triple = host()[0]
         empty = llvm.parse_assembly(f'target triple = "{triple}"\n')
         self.engine = llvm.create_mcjit_compiler(empty, target_machine())

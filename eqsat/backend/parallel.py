@@ -3,22 +3,23 @@
 A kernel computes [lo, hi) of its outer loop, and every builder guarantees that disjoint
 ranges write disjoint memory, so the shares need no locks. Kernels hand their shares to
 `eqsat_parallel`, a small runtime (`runtime_ir`, compiled once per process and bound like the
-BLAS, so cached object code stays valid) whose workers live as long as the process and sleep
-on semaphores between calls: no thread start per kernel (~20-50 us each), nothing spinning
-while the BLAS or the next kernel runs, and OpenBLAS keeps each worker's packing buffers
-instead of faulting in fresh ones for every new thread. Work goes to threads only where it
-clearly outweighs the ~10-30 us of waking them. Batched BLAS products split here too (whole
+BLAS, so cached object code stays valid) whose workers live as long as the process: no thread
+start per kernel (~20-50 us each), and OpenBLAS keeps each worker's packing buffers instead of
+faulting in fresh ones for every new thread. Between calls workers spin ~50 us, then sleep on
+semaphores (see "the pool runtime" below). Work goes to threads only where it clearly
+outweighs the ~10-30 us of waking a sleeping one. Batched BLAS products split here too (whole
 batches), each thread calling the BLAS single-threaded.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
 from . import blas
+from .jit import POOL_ENTRY, POOL_SYMBOL
 from .llvm_kernels import Kernel
 from .loops import for_range, i64
 from .scalar import I8, I32, I64, declare
@@ -26,7 +27,7 @@ from .scalar import I8, I32, I64, declare
 # Bytes plus operations below which a kernel runs on the calling thread alone.
 PARALLEL_MIN_WORK = 1 << 22
 THREADS = max(1, min(os.cpu_count() or 1, 16))
-POOL_SYMBOL = "eqsat_parallel"  # void (i8* (i8*)* fn, i8* ctxs, i64 ctx_bytes, i32 n)
+# POOL_SYMBOL: void (i8* (i8*)* fn, i8* ctxs, i64 ctx_bytes, i32 n), bound to POOL_ENTRY
 MAX_WORKERS = 63  # shares beyond this many workers run on the calling thread
 SEM_BYTES = 64  # room for a sem_t (32 bytes on 64-bit glibc), one cache line each
 
@@ -83,11 +84,55 @@ def emit_kernel_call(b: ir.IRBuilder, kernel: Kernel, args: Sequence[ir.Value]) 
 
 
 # ---------------------------------------------------------------- the pool runtime
+#
+# Waking a sleeping worker through its semaphore costs ~10-30 us plus the time its core takes to
+# come back, and the caller then sleeps on `done` just as long; an entry runs dozens of parallel
+# kernels back to back. So both sides spin briefly before they sleep: a worker that finished a
+# share watches its slot's ticket for SPIN_ITERS pauses, and the caller that finished its own
+# share watches `pending` as long. Spinning is bounded (~SPIN_ITERS * 40 ns, see SPIN_ITERS) so
+# an idle pool, or one whose caller went back to Python, costs a core only that long.
+#
+# Whether a sleeper needs its semaphore posted is settled Dekker-style, all seq_cst: the sleeper
+# sets its flag, then reads the ticket (or `pending`); the waker publishes the ticket (or its
+# decrement), then exchanges the flag for 0 and posts only if it was set. One of the two sees
+# the other's write; a sleeper that sees the work after all takes its flag back with cmpxchg and
+# consumes the post when the waker was first. Every post thus meets exactly one wait.
 
-def _serial(b: ir.IRBuilder, fn: ir.Value, ctxs: ir.Value, size: ir.Value, lo: ir.Value,
-            hi: ir.Value) -> None:
-    with for_range(b, lo, hi, name="own") as t:
-        b.call(fn, [b.gep(ctxs, [b.mul(t, size)])])
+# Pauses a waiting side spins before it sleeps on its semaphore: ~50 us at the ~25 ns a pause
+# takes here (AMD EPYC; Intel since Skylake ~40 ns). Measured on 2 shared cores: a round trip
+# of back-to-back pool calls 4-5 us -> 0.3-0.6 us; bench/run.py (eqsat opt, two runs each,
+# interleaved, load ~1) softmax 1.52/1.39 -> 1.05/1.09 ms, layernorm 0.93/1.09 -> 0.83/0.83
+# (CPU 1.5 -> 0.85 ms), mlp_fwd 5.07/5.02 -> 4.82/4.90, train_step 13.5/13.3 -> 12.6/14.5
+# (CPU 25 -> 25/27.5). A lone call after the pool slept (a gap over ~50 us) pays the
+# semaphores as before, and on a loaded machine up to ~50 us more: the caller spins while the
+# woken worker may be waiting for its core. (Tried: the caller sleeping at once when it had
+# to post a worker, sched_yield in the spin: neither helped that case in a micro-benchmark,
+# and the first can keep both sides sleeping through a run of back-to-back kernels.)
+SPIN_ITERS = 2000
+SLOT = ir.LiteralStructType([I32, I32, TASK.as_pointer(), VOIDP, ir.ArrayType(I8, 40)])
+TICKET, SLEEPING, SLOT_TASK, SLOT_ARG = 0, 1, 2, 3  # one cache line per worker
+
+
+def _spin(b: ir.IRBuilder, ready: Callable[[ir.IRBuilder, str], ir.Value],
+          pause: ir.Function | None,
+          name: str) -> tuple[ir.Block, ir.Block]:
+    """Check `ready` up to SPIN_ITERS times, pausing between: the blocks reached when it held
+    and when it never did (the builder is left in neither)."""
+    pre = b.block
+    head, more = b.append_basic_block(f"{name}.spin"), b.append_basic_block(f"{name}.pause")
+    hit, miss = b.append_basic_block(f"{name}.hit"), b.append_basic_block(f"{name}.miss")
+    b.branch(head)
+    b.position_at_end(head)
+    k = b.phi(I32)
+    k.add_incoming(ir.Constant(I32, 0), pre)
+    b.cbranch(ready(b, "acquire"), hit, more)
+    b.position_at_end(more)
+    if pause is not None:
+        b.call(pause, [])
+    k1 = b.add(k, ir.Constant(I32, 1))
+    k.add_incoming(k1, b.block)
+    b.cbranch(b.icmp_unsigned("<", k1, ir.Constant(I32, SPIN_ITERS)), head, miss)
+    return hit, miss
 
 
 def _retry(b: ir.IRBuilder, call: ir.Function, arg: ir.Value, name: str) -> None:
@@ -99,6 +144,37 @@ def _retry(b: ir.IRBuilder, call: ir.Function, arg: ir.Value, name: str) -> None
     rc = b.call(call, [arg])
     b.cbranch(b.icmp_signed("==", rc, ir.Constant(I32, 0)), done, loop)
     b.position_at_end(done)
+
+
+def _sleep(b: ir.IRBuilder, flag: ir.Value, ready: Callable[[ir.IRBuilder, str], ir.Value],
+           sem_wait: ir.Function, sem: ir.Value, name: str) -> None:
+    """Sleep on `sem` unless `ready` holds once `flag` says so (see the protocol above); the
+    builder ends where the work is ready and `flag` is 0 again."""
+    one, zero = ir.Constant(I32, 1), ir.Constant(I32, 0)
+    b.store_atomic(one, flag, "seq_cst", 4)
+    late, asleep = b.append_basic_block(f"{name}.late"), b.append_basic_block(f"{name}.sleep")
+    awake = b.append_basic_block(f"{name}.awake")
+    b.cbranch(ready(b, "seq_cst"), late, asleep)
+    b.position_at_end(late)
+    took = b.extract_value(b.cmpxchg(flag, one, zero, "seq_cst", "seq_cst"), 1)
+    b.cbranch(took, awake, asleep)  # not taken: the waker cleared it and posts, so wait for it
+    b.position_at_end(asleep)
+    _retry(b, sem_wait, sem, name)
+    b.branch(awake)
+    b.position_at_end(awake)
+
+
+def _wake(b: ir.IRBuilder, flag: ir.Value, sem_post: ir.Function, sem: ir.Value) -> None:
+    """Post `sem` when its sleeper set `flag` (after the work was published)."""
+    was = b.atomic_rmw("xchg", flag, ir.Constant(I32, 0), "seq_cst")
+    with b.if_then(b.icmp_signed("!=", was, ir.Constant(I32, 0))):
+        b.call(sem_post, [sem])
+
+
+def _serial(b: ir.IRBuilder, fn: ir.Value, ctxs: ir.Value, size: ir.Value, lo: ir.Value,
+            hi: ir.Value) -> None:
+    with for_range(b, lo, hi, name="own") as t:
+        b.call(fn, [b.gep(ctxs, [b.mul(t, size)])])
 
 
 def runtime_ir(triple: str, data_layout: str) -> str:
@@ -116,9 +192,11 @@ def runtime_ir(triple: str, data_layout: str) -> str:
 
     go = glob("pool.go", ir.ArrayType(sem, MAX_WORKERS))
     done = glob("pool.done", sem)
-    task = glob("pool.task", ir.ArrayType(TASK.as_pointer(), MAX_WORKERS))
-    arg = glob("pool.arg", ir.ArrayType(VOIDP, MAX_WORKERS))
+    slots = glob("pool.slots", ir.ArrayType(SLOT, MAX_WORKERS))
+    # each on its own cache line: workers hammer `pending`, the caller spins on it
+    pending, waiting = glob("pool.pending", I32), glob("pool.waiting", I32)
     busy, started, pid = glob("pool.busy", I32), glob("pool.started", I32), glob("pool.pid", I32)
+    seq = glob("pool.seq", I32)
     semp = I8.as_pointer()
     sem_init = declare(m, "sem_init", I32, [semp, I32, I32])
     sem_wait = declare(m, "sem_wait", I32, [semp])
@@ -126,44 +204,67 @@ def runtime_ir(triple: str, data_layout: str) -> str:
     getpid = declare(m, "getpid", I32, [])
     create = declare(m, "pthread_create", I32, [I64.as_pointer(), VOIDP, TASK.as_pointer(), VOIDP])
     detach = declare(m, "pthread_detach", I32, [I64])
-    zero = ir.Constant(I32, 0)
+    pause = (declare(m, "llvm.x86.sse2.pause", ir.VoidType(), [])
+             if triple.startswith(("x86_64", "i386", "i686")) else None)
+    zero, one = ir.Constant(I32, 0), ir.Constant(I32, 1)
 
     def go_sem(b: ir.IRBuilder, i: ir.Value) -> ir.Value:
         return b.bitcast(b.gep(go, [zero, i, zero]), semp)
 
+    def slot(b: ir.IRBuilder, i: ir.Value, field: int) -> ir.Value:
+        return b.gep(slots, [zero, i, ir.Constant(I32, field)])
+
     done_sem = done.bitcast(semp)
+
+    # -- a worker: wait for a new ticket in its slot, run the share, count it done
     worker = ir.Function(m, TASK, "pool.worker")
     worker.linkage = "internal"
     b = ir.IRBuilder(worker.append_basic_block("entry"))
     me = b.trunc(b.ptrtoint(worker.args[0], I64), I32)
+    seen = b.alloca(I32)
+    b.store(zero, seen)
     loop = b.append_basic_block("loop")
     b.branch(loop)
     b.position_at_end(loop)
-    got = b.icmp_signed("==", b.call(sem_wait, [go_sem(b, me)]), zero)
-    with b.if_then(got):
-        fn = b.load(b.gep(task, [zero, me]))
-        b.call(fn, [b.load(b.gep(arg, [zero, me]))])
-        b.call(sem_post, [done_sem])
+
+    def fresh(b: ir.IRBuilder, order: str) -> ir.Value:
+        ticket = b.load_atomic(slot(b, me, TICKET), order, 4)
+        return b.icmp_unsigned("!=", ticket, b.load(seen))
+
+    run, miss = _spin(b, fresh, pause, "wait")
+    b.position_at_end(miss)
+    _sleep(b, slot(b, me, SLEEPING), fresh, sem_wait, go_sem(b, me), "nap")
+    b.branch(run)
+    b.position_at_end(run)
+    b.store(b.load_atomic(slot(b, me, TICKET), "acquire", 4), seen)
+    b.call(b.load(slot(b, me, SLOT_TASK)), [b.load(slot(b, me, SLOT_ARG))])
+    left = b.atomic_rmw("sub", pending, one, "seq_cst")
+    with b.if_then(b.icmp_signed("==", left, one)):  # the last share: wake a sleeping caller
+        _wake(b, waiting, sem_post, done_sem)
     b.branch(loop)
 
+    # -- the caller: publish the shares, run its own, wait for the workers'
     impl = ir.Function(m, ir.FunctionType(ir.VoidType(), [TASK.as_pointer(), VOIDP, I64, I32]),
-                       "eqsat.pool.run")
+                       POOL_ENTRY)
     fn, ctxs, size, n = impl.args
     b = ir.IRBuilder(impl.append_basic_block("entry"))
     n64 = b.zext(n, I64)
-    claim = b.cmpxchg(busy, zero, ir.Constant(I32, 1), "acquire", "monotonic")
+    claim = b.cmpxchg(busy, zero, one, "acquire", "monotonic")
     with b.if_else(b.extract_value(claim, 1)) as (pooled, alone):
         with pooled:
             me = b.call(getpid, [])
             with b.if_then(b.icmp_signed("!=", b.load(pid), me)):
-                # First use, or a forked child: semaphores fresh, workers started anew.
+                # First use, or a forked child: semaphores and slots fresh, workers started anew.
                 with for_range(b, 0, MAX_WORKERS, name="init") as i:
                     b.call(sem_init, [go_sem(b, b.trunc(i, I32)), zero, zero])
+                    b.store(zero, slot(b, i, TICKET))
+                    b.store(zero, slot(b, i, SLEEPING))
                 b.call(sem_init, [done_sem, zero, zero])
-                b.store(zero, started)
+                for g in (started, pending, waiting, seq):
+                    b.store(zero, g)
                 b.store(me, pid)
             want = b.sub(b.select(b.icmp_unsigned("<", n, ir.Constant(I32, MAX_WORKERS + 1)),
-                                  n, ir.Constant(I32, MAX_WORKERS + 1)), ir.Constant(I32, 1))
+                                  n, ir.Constant(I32, MAX_WORKERS + 1)), one)
             tid = b.alloca(I64)
             grow, grown = b.append_basic_block("grow"), b.append_basic_block("grown")
             b.branch(grow)
@@ -178,19 +279,32 @@ def runtime_ir(triple: str, data_layout: str) -> str:
             b.cbranch(b.icmp_signed("==", rc, zero), ok, grown)  # no thread: fewer workers
             b.position_at_end(ok)
             b.call(detach, [b.load(tid)])
-            b.store(b.add(have, ir.Constant(I32, 1)), started)
+            b.store(b.add(have, one), started)
             b.branch(grow)
             b.position_at_end(grown)
             have = b.load(started)
-            w = b.zext(b.select(b.icmp_signed("<", have, want), have, want), I64)
+            w32 = b.select(b.icmp_signed("<", have, want), have, want)
+            w = b.zext(w32, I64)
+            ticket = b.add(b.load(seq), one)
+            ticket = b.select(b.icmp_signed("==", ticket, zero), one, ticket)  # 0: never run
+            b.store(ticket, seq)
+            b.store(w32, pending)  # published by the tickets' seq_cst stores below
             with for_range(b, 0, w, name="wake") as i:
-                b.store(fn, b.gep(task, [zero, i]))
-                b.store(b.gep(ctxs, [b.mul(b.add(i, i64(1)), size)]), b.gep(arg, [zero, i]))
-                b.call(sem_post, [go_sem(b, i)])
+                b.store(fn, slot(b, i, SLOT_TASK))
+                b.store(b.gep(ctxs, [b.mul(b.add(i, i64(1)), size)]), slot(b, i, SLOT_ARG))
+                b.store_atomic(ticket, slot(b, i, TICKET), "seq_cst", 4)
+                _wake(b, slot(b, i, SLEEPING), sem_post, go_sem(b, b.trunc(i, I32)))
             _serial(b, fn, ctxs, size, b.add(w, i64(1)), n64)
             _serial(b, fn, ctxs, size, i64(0), i64(1))
-            with for_range(b, 0, w, name="join"):
-                _retry(b, sem_wait, done_sem, "join")
+
+            def finished(b: ir.IRBuilder, order: str) -> ir.Value:
+                return b.icmp_signed("==", b.load_atomic(pending, order, 4), zero)
+
+            joined, miss = _spin(b, finished, pause, "join")
+            b.position_at_end(miss)
+            _sleep(b, waiting, finished, sem_wait, done_sem, "join")
+            b.branch(joined)
+            b.position_at_end(joined)
             b.store_atomic(zero, busy, "release", 4)
         with alone:
             _serial(b, fn, ctxs, size, i64(0), n64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -11,8 +12,7 @@ import numpy as np
 
 from ..errors import Error
 from ..ir.interpreter import check_inputs
-from ..ir.module import Module
-from .entry import ALIGN, Plan, entry_symbol
+from ..ir.module import Function, Module
 from .jit import Code
 
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -21,20 +21,45 @@ _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_
 class _Entry:
     """One IR function's native entry point and what calling it needs."""
 
-    def __init__(self, plan: Plan, address: int):
-        self.func = plan.func
-        self.arena_bytes = plan.arena_bytes
+    def __init__(self, func: Function, arena_bytes: int, address: int):
+        self.func = func
+        self.arena_bytes = arena_bytes
         self.native = _ENTRY(address)  # ctypes releases the GIL for the call
-        self.results = plan.func.result_types
-        self.param_names = {p.name for p in plan.func.params}
+        self.results = [(t.shape, t.dtype.np) for t in func.result_types]
+        self.params = [(p.type.shape, p.type.dtype.np) for p in func.params]
+        self.ins_type = ctypes.c_void_p * max(1, len(self.params))
+        self.outs_type = ctypes.c_void_p * max(1, len(self.results))
+
+    def ready(self, arrays: tuple[Any, ...]) -> bool:
+        """Whether `arrays` can be passed as they are: C-contiguous numpy arrays of exactly
+        the parameter types (the common case, checked without building anything)."""
+        if len(arrays) != len(self.params):
+            return False
+        for a, (shape, dtype) in zip(arrays, self.params):
+            if type(a) is not np.ndarray or a.shape != shape or a.dtype != dtype \
+                    or not a.flags.c_contiguous:
+                return False
+        return True
 
 
-def _aligned(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A fresh C-contiguous array at an ALIGN-byte boundary (kernels that stream a result
+_char_at = ctypes.c_char.from_buffer
+
+
+def _address(a: np.ndarray) -> int:
+    """The address of an array's first byte (through the buffer protocol: ~5x cheaper than
+    `a.ctypes.data`, which read-only arrays still need)."""
+    try:
+        return ctypes.addressof(_char_at(a))
+    except (TypeError, ValueError):
+        return a.ctypes.data
+
+
+def _aligned(shape: tuple[int, ...], dtype: np.dtype, align: int) -> np.ndarray:
+    """A fresh C-contiguous array at an `align`-byte boundary (kernels that stream a result
     with non-temporal vector stores rely on it)."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    buf = np.empty(nbytes + ALIGN, np.uint8)
-    start = -buf.ctypes.data % ALIGN
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.empty(nbytes + align, np.uint8)
+    start = -_address(buf) % align
     return buf[start: start + nbytes].view(dtype).reshape(shape)
 
 
@@ -46,12 +71,16 @@ class Executable:
     scalar), several as a tuple. Calls from several Python threads at once are safe.
     """
 
-    def __init__(self, module: Module, code: Code, plans: dict[str, Plan], key: str = ""):
+    def __init__(self, module: Module, code: Code, layout: dict[str, Any], key: str = ""):
         self.module = module
         self.key = key
         self._code = code  # keeps the machine code alive as long as the entries
-        self._entries = {name: _Entry(plan, code.address(entry_symbol(name)))
-                         for name, plan in plans.items()}
+        # layout (cpu._layout): {"align": bytes, "functions": {name: {"symbol", "arena_bytes"}}}
+        self._align = int(layout["align"])
+        funcs = {f.name: f for f in module.functions}
+        self._entries = {name: _Entry(funcs[name], int(e["arena_bytes"]),
+                                      code.address(e["symbol"]))
+                         for name, e in layout["functions"].items()}
         self._local = threading.local()
 
     @property
@@ -60,13 +89,14 @@ class Executable:
         return tuple(self._entries)
 
     def _arena(self, nbytes: int) -> int:
-        """This thread's scratch arena, grown as needed and kept between calls."""
-        buf = getattr(self._local, "arena", None)
-        if buf is None or buf.nbytes < nbytes + ALIGN:
-            buf = np.empty(nbytes + ALIGN, np.uint8)
-            self._local.arena = buf
-        addr = buf.ctypes.data
-        return addr + (-addr % ALIGN)
+        """This thread's scratch arena (its aligned address), grown as needed and kept between
+        calls."""
+        arena = getattr(self._local, "arena", None)
+        if arena is None or arena[0].nbytes < nbytes + self._align:
+            buf = np.empty(nbytes + self._align, np.uint8)
+            addr = _address(buf)
+            arena = self._local.arena = (buf, addr + (-addr % self._align))
+        return arena[1]
 
     def __call__(self, name: str, *arrays: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run function `name` on numpy arrays (or values numpy can convert)."""
@@ -74,10 +104,11 @@ class Executable:
         if entry is None:
             raise Error(f"the executable has no function @{name}; it has "
                         f"{', '.join('@' + n for n in self._entries) or 'none'}")
-        inputs = [np.ascontiguousarray(a) for a in check_inputs(entry.func, arrays)]
-        outputs = [_aligned(t.shape, t.dtype.np) for t in entry.results]
-        ins = (ctypes.c_void_p * max(1, len(inputs)))(*[a.ctypes.data for a in inputs])
-        outs = (ctypes.c_void_p * max(1, len(outputs)))(*[a.ctypes.data for a in outputs])
+        if not entry.ready(arrays):
+            arrays = tuple(np.ascontiguousarray(a) for a in check_inputs(entry.func, arrays))
+        outputs = [_aligned(shape, dtype, self._align) for shape, dtype in entry.results]
+        ins = entry.ins_type(*map(_address, arrays))
+        outs = entry.outs_type(*map(_address, outputs))
         entry.native(ins, outs, self._arena(entry.arena_bytes))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 

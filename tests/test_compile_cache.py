@@ -1,0 +1,175 @@
+"""The cached compile path: what it skips (kernel builders, plans, the pool runtime's IR) and
+what still makes it miss (module text, code generator source, EQSAT_GEMM, thread count)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import eqsat
+from eqsat.backend import compile_module, cpu, jit
+from eqsat.ir import parse
+
+N = 1 << 20  # large enough that the kernels run on the thread pool
+BIG = f"""module @big
+func @f(%x: f32[{N}], %y: f32[{N}]) -> f32[{N}] {{
+  %0 = mul %x, %y : f32[{N}]
+  %1 = tanh %0 : f32[{N}]
+  %2 = add %1, %x : f32[{N}]
+  return %2
+}}"""
+
+# A fresh process: compile BIG from the cache in argv[1], check it against interpret, and say
+# which backend modules it imported.
+SCRIPT = f"""
+import sys, json
+import numpy as np
+import eqsat
+from eqsat.backend import compile_module
+m = eqsat.parse({BIG!r})
+x = np.linspace(-3, 3, {N}, dtype=np.float32)
+y = np.cos(x)
+got = compile_module(m, cache_dir=sys.argv[1]).f(x, y)
+want = eqsat.interpret(m, "f", x, y)
+ok = bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
+mods = [n for n in ("entry", "gemm", "parallel", "llvm_kernels", "fused_kernels")
+        if "eqsat.backend." + n in sys.modules]
+print(json.dumps([ok, mods]))
+"""
+
+
+def _fresh(cache: Path, **env: str) -> tuple[bool, list[str]]:
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(cache)], capture_output=True,
+                         text=True, check=True, env={**os.environ, **env})
+    ok, mods = json.loads(out.stdout.strip().splitlines()[-1])
+    return ok, mods
+
+
+def test_cached_compile_skips_the_kernel_builders_and_the_pool_ir(tmp_path):
+    ok, cold = _fresh(tmp_path)
+    assert ok and "entry" in cold
+    objects = {p.name for p in tmp_path.iterdir()}
+    assert any(n.endswith(".layout.json") for n in objects)
+    if cpu.threads() >= 2:
+        assert any(n.startswith("pool-") for n in objects)  # the pool runtime's object
+    ok, warm = _fresh(tmp_path)
+    assert ok and warm == []
+
+
+def test_missing_or_damaged_layout_compiles_again(tmp_path):
+    _fresh(tmp_path)
+    (layout,) = tmp_path.glob("*.layout.json")
+    layout.write_text('{"align": 64, "functions": {"g": {"symbol": "x", "arena_bytes": 0}}}')
+    ok, mods = _fresh(tmp_path)
+    assert ok and "entry" in mods  # not this module's layout: a miss
+    assert json.loads(layout.read_text())["functions"].keys() == {"f"}
+    layout.unlink()
+    ok, mods = _fresh(tmp_path)
+    assert ok and "entry" in mods and layout.exists()
+
+
+def test_pool_object_survives_a_damaged_kernel_cache(tmp_path):
+    # the pool object is its own entry: deleting it rebuilds it, results unchanged
+    _fresh(tmp_path)
+    for p in tmp_path.glob("pool-*.o"):
+        p.unlink()
+    ok, mods = _fresh(tmp_path)
+    assert ok and "parallel" in mods  # built again from its IR
+    if cpu.threads() >= 2:
+        assert list(tmp_path.glob("pool-*.o"))
+
+
+@pytest.mark.parametrize("mode", ["all", "batched", "0", "other"])
+def test_gemm_switches_without_gemm_match_gemm(mode):
+    script = ("import sys\nfrom eqsat.backend import cpu\n"
+              "assert 'eqsat.backend.gemm' not in sys.modules\n"
+              "a = cpu.gemm_switches()\n"
+              "from eqsat.backend import gemm\n"
+              "print(a == (gemm.ENABLED, gemm.LONE_PRODUCTS) == cpu.gemm_switches())\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, env={**os.environ, "EQSAT_GEMM": mode})
+    assert out.stdout.split() == ["True"]
+
+
+def test_threads_without_parallel_match_parallel():
+    from eqsat.backend import parallel
+
+    assert cpu.threads() == parallel.THREADS
+
+
+def test_key_changes_with_module_gemm_threads_and_source(monkeypatch):
+    from eqsat.backend import gemm, parallel
+
+    m = parse(BIG)
+    key = cpu.cache_key(m)
+    assert cpu.cache_key(parse(BIG.replace("tanh", "sigmoid"))) != key
+    monkeypatch.setattr(gemm, "LONE_PRODUCTS", not gemm.LONE_PRODUCTS)
+    assert cpu.cache_key(m) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(parallel, "THREADS", parallel.THREADS + 1)
+    assert cpu.cache_key(m) != key
+    monkeypatch.undo()
+    assert cpu.cache_key(m) == key
+    # the code generator's source: the (per-process) fingerprint covers every backend file
+    fresh = jit.fingerprint.__wrapped__
+    assert fresh() == jit.fingerprint()
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes",
+                        lambda p: real(p) + (b"#" if p.name == "parallel.py" else b""))
+    assert fresh() != jit.fingerprint()
+
+
+def test_gemm_env_changes_the_key_in_fresh_processes():
+    script = (f"import eqsat\nfrom eqsat.backend import cpu\n"
+              f"print(cpu.cache_key(eqsat.parse({BIG!r})))\n")
+    keys = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True, env={**os.environ, "EQSAT_GEMM": mode}).stdout.strip()
+            for mode in ("all", "batched", "0")}
+    assert len(keys) == 3
+
+
+def test_memory_cache_reuses_code_and_layout(tmp_path):
+    m = parse(BIG)
+    a = compile_module(m, cache_dir=tmp_path)
+    b = compile_module(m, cache_dir=tmp_path)
+    assert a._code is b._code and a.key == b.key
+    x = np.linspace(-1, 1, N, dtype=np.float32)
+    np.testing.assert_array_equal(a.f(x, x), b.f(x, x))
+    np.testing.assert_allclose(a.f(x, x), eqsat.interpret(m, "f", x, x), rtol=1e-5, atol=1e-6)
+
+
+CALLS = """module @calls
+func @f(%x: f64[4], %y: f64[4]) -> (f64[4], f64[4]) {
+  %a, %b = call @g(%x, %y) : f64[4], f64[4]
+  %c = mul %a, %b : f64[4]
+  return %c, %a
+}
+func @g(%x: f64[4], %y: f64[4]) -> (f64[4], f64[4]) {
+  %s = add %x, %y : f64[4]
+  %d = sub %x, %y : f64[4]
+  return %s, %d
+}"""
+
+
+def test_layout_of_a_module_with_calls_hits_in_a_fresh_process(tmp_path):
+    # plans come in call order (g before f), module order is f, g: still a hit
+    script = (f"import sys, json, numpy as np, eqsat\n"
+              f"from eqsat.backend import compile_module\n"
+              f"m = eqsat.parse({CALLS!r})\n"
+              f"x, y = np.arange(4.0), np.array([1.0, -2.0, 0.5, 3.0])\n"
+              f"exe = compile_module(m, cache_dir=sys.argv[1])\n"
+              f"got = [exe.f(x, y), exe.g(x, y)]\n"
+              f"want = [eqsat.interpret(m, 'f', x, y), eqsat.interpret(m, 'g', x, y)]\n"
+              f"ok = all(np.array_equal(a, b) for g, w in zip(got, want) for a, b in zip(g, w))\n"
+              f"print(json.dumps([ok, 'eqsat.backend.entry' in sys.modules]))\n")
+    runs = [json.loads(subprocess.run([sys.executable, "-c", script, str(tmp_path)],
+                                      capture_output=True, text=True,
+                                      check=True).stdout.strip().splitlines()[-1])
+            for _ in range(2)]
+    assert runs == [[True, True], [True, False]]

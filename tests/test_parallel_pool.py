@@ -1,0 +1,144 @@
+"""The thread pool under stress: entries with many consecutive parallel kernels, called many
+times and from several Python threads at once, against the interpreter; the pool runtime's
+protocol (spin, then sleep) with tiny tasks, idle gaps and forked children."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import eqsat
+from eqsat.backend import compile_module, emit_llvm, jit, parallel
+from eqsat.ir import parse
+
+N = 1024  # a 1024x1024 f32 kernel is well above PARALLEL_MIN_WORK
+STAGES = 6
+
+pytestmark = pytest.mark.skipif(parallel.THREADS < 2, reason="one core: no pool")
+
+
+def _chain(stages: int) -> str:
+    """Each stage: a row or column sum (its own kernel), broadcast back, an elementwise tanh."""
+    t = f"f32[{N},{N}]"
+    lines = [f"module @chain\nfunc @f(%x: {t}, %y: {t}) -> {t} {{", f"  %v0 = mul %x, %y : {t}"]
+    for k in range(stages):
+        axis = k % 2
+        lines += [f"  %s{k} = sum %v{k}, axes=[{axis}] : f32[{N}]",
+                  f"  %b{k} = broadcast %s{k} : {t}",
+                  f"  %d{k} = sub %v{k}, %b{k} : {t}",
+                  f"  %e{k} = mul %d{k}, %y : {t}",
+                  f"  %v{k + 1} = tanh %e{k} : {t}"]
+    lines += [f"  return %v{stages}", "}"]
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def chain():
+    m = parse(_chain(STAGES))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((N, N)).astype(np.float32)
+    y = (rng.standard_normal((N, N)) * 0.01).astype(np.float32)
+    return m, compile_module(m, cache_dir=None), (x, y), eqsat.interpret(m, "f", x, y)
+
+
+def test_the_chain_runs_many_kernels_on_the_pool(chain):
+    m = chain[0]
+    assert emit_llvm(m).count(f"call void @{jit.POOL_SYMBOL}") >= STAGES
+
+
+def test_many_consecutive_calls_are_exact_and_match_interpret(chain):
+    _, exe, args, want = chain
+    first = exe.f(*args)
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-5)
+    for k in range(60):
+        if k % 15 == 0:
+            time.sleep(0.01)  # an idle gap: the workers went to sleep on their semaphores
+        # the same splits every call: any race shows as a difference
+        np.testing.assert_array_equal(exe.f(*args), first)
+
+
+def test_calls_from_several_python_threads(chain):
+    _, exe, args, want = chain
+    first = exe.f(*args)
+    failures: list[str] = []
+
+    def work() -> None:
+        for _ in range(15):
+            got = exe.f(*args)
+            if not np.array_equal(got, first):
+                failures.append(f"max diff {np.abs(got - first).max()}")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    np.testing.assert_allclose(first, want, rtol=1e-4, atol=1e-5)
+
+
+def _counting_entry() -> tuple[object, ctypes.Array]:
+    """An entry `bench(iters, counters)` calling the pool `iters` times with a task that
+    atomically counts its runs in counters[share * 8]: the pool's protocol alone."""
+    from llvmlite import ir
+
+    from eqsat.backend.scalar import I32, I64
+
+    m = ir.Module("count")
+    m.triple, m.data_layout = jit.host()[0], jit.data_layout()
+    task = ir.Function(m, parallel.TASK, "count")
+    b = ir.IRBuilder(task.append_basic_block("entry"))
+    b.atomic_rmw("add", b.bitcast(task.args[0], I64.as_pointer()), ir.Constant(I64, 1),
+                 "monotonic")
+    b.ret(ir.Constant(parallel.VOIDP, None))
+    fn = ir.Function(m, ir.FunctionType(ir.VoidType(), [I64, parallel.VOIDP]), "bench")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    from eqsat.backend.loops import for_range
+
+    with for_range(b, 0, fn.args[0]):
+        b.call(parallel.declare_pool(m), [task, fn.args[1], ir.Constant(I64, 64),
+                                          ir.Constant(I32, parallel.THREADS)])
+    b.ret_void()
+    code = jit.Code(jit.compile_object(str(m)))
+    run = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p)(code.address("bench"))
+    return (code, run), (ctypes.c_int64 * (8 * parallel.THREADS))()
+
+
+def test_tiny_tasks_every_share_runs_once_per_call():
+    (code, run), counters = _counting_entry()
+    total = 0
+    for iters, gap in [(1, 0.0), (20000, 0.0), (1, 0.005), (3, 0.0005), (5000, 0.0)] * 3:
+        time.sleep(gap)
+        run(iters, ctypes.addressof(counters))
+        total += iters
+        assert [counters[8 * t] for t in range(parallel.THREADS)] == [total] * parallel.THREADS
+
+
+def test_tiny_tasks_from_several_threads_and_a_forked_child():
+    (code, run), counters = _counting_entry()
+    threads = [threading.Thread(target=run, args=(3000, ctypes.addressof(counters)))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # a concurrent caller runs its shares alone: every share still ran once per call
+    assert [counters[8 * t] for t in range(parallel.THREADS)] == [9000] * parallel.THREADS
+    if sys.platform != "linux":
+        return
+    pid = os.fork()
+    if pid == 0:  # the child: its workers did not survive the fork; the pool starts anew
+        ok = False
+        try:
+            run(2000, ctypes.addressof(counters))
+            ok = all(counters[8 * t] == 11000 for t in range(parallel.THREADS))
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
