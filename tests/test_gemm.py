@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import eqsat
-from eqsat.backend import compile_module, emit_llvm, gemm
+from eqsat.backend import compile_module, emit_llvm, gemm, jit
 from eqsat.ir import parse
 from eqsat.ir.ops import OPS
 
@@ -168,7 +168,7 @@ def test_gemm_is_the_path_and_blas_stays() -> None:
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 def test_256_bit_path(monkeypatch, dtype: str) -> None:
     """The AVX2 blocking (8 or 4 lanes, 12 accumulators) on edge shapes, run on this host."""
-    monkeypatch.setattr(gemm.jit, "vector_bits", lambda: 256)
+    monkeypatch.setattr(jit, "vector_bits", lambda: 256)
     bl = gemm.blocking(eqsat.ir.DType(dtype))
     assert bl.lanes * 8 * np.dtype(DTYPES[dtype]).itemsize == 256
     m, k, n = 4 * bl.mr + 1, 3 * bl.kc + 5, 3 * bl.nr + 7
