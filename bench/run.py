@@ -1,8 +1,9 @@
 """Run the benchmark suite: `python bench/run.py [--quick] [--only NAME ...] [--no-compile]`.
 
-Every workload runs against numpy eager (and jax.jit / torch eager when installed) in one
-process, interleaved; the table shows medians, the ratio time / numpy, and compile times (cold
-and from the disk cache, each in a fresh process). eqsat variants: `fused` is a hand-fused IR
+Every workload runs against numpy eager (and jax.jit, torch eager and torch.compile when
+installed) in one process, interleaved; the table shows medians, the ratio time / numpy, and
+compile times (on first use, cold and from the disk cache, each in a fresh process; for peers
+the first call). eqsat variants: `fused` is a hand-fused IR
 module, `core` the plain core-op module, `opt` the core module through eqsat's optimizer (when
 eqsat.extract.optimize exists).
 """
@@ -56,7 +57,7 @@ def main() -> None:
           f"{', '.join(peers) or 'none installed'}; optimizer: "
           f"{'eqsat.extract.optimize' if use_opt else 'not available (hand-fused and core IR)'}")
     header = f"{'workload':<12} {'contestant':<14} {'median ms':>10} {'/ numpy':>8} " \
-             f"{'cpu ms':>8} {'/ numpy':>8} {'max rel err':>11} {'compile s (cold / cached)':>26}"
+             f"{'cpu ms':>8} {'/ numpy':>8} {'max rel err':>11} {'compile s (first / cold / cached)':>33}"
     print(header)
     print("-" * len(header))
     summary: list[str] = []
@@ -76,14 +77,14 @@ def main() -> None:
             fns[f"eqsat {label}"] = lambda exe=exe, w=w: exe(w.func, *inputs)
             errors[f"eqsat {label}"] = harness.max_rel_error(exe(w.func, *inputs), want)
             if not (args.quick or args.no_compile):
-                cold, cached = harness.compile_times(w.name, variant, optimize)
-                compiles[f"eqsat {label}"] = f"{cold:.3f} / {cached:.3f}"
+                first, cold, cached = harness.compile_times(w.name, variant, optimize)
+                compiles[f"eqsat {label}"] = f"{first:.2f} / {cold:.2f} / {cached:.2f}"
         if "jax" in peers and w.jax is not None:
             jax, jnp = peers["jax"]
             jf = jax.jit(w.jax(jnp))
             jin = [jnp.asarray(a) for a in inputs]
             fns["jax.jit"] = lambda jf=jf, jin=jin: jax.block_until_ready(jf(*jin))
-            compiles["jax.jit"] = f"{harness.first_call_seconds(fns['jax.jit']):.3f} / -"
+            compiles["jax.jit"] = f"{harness.first_call_seconds(fns['jax.jit']):.2f} / - / -"
         if "torch" in peers and w.torch is not None:
             torch = peers["torch"]
             tf = w.torch(torch)
@@ -93,14 +94,14 @@ def main() -> None:
                 tc = torch.compile(w.torch(torch))
                 fns["torch.compile"] = lambda tc=tc, tin=tin: tc(*tin)
                 compiles["torch.compile"] = \
-                    f"{harness.first_call_seconds(fns['torch.compile']):.3f} / -"
+                    f"{harness.first_call_seconds(fns['torch.compile']):.2f} / - / -"
         med, cpu = harness.interleaved_medians(fns, seconds)
         base, cbase = med["numpy"], cpu["numpy"]
         for name, t in med.items():
             err = f"{errors[name]:.1e}" if name in errors else ""
             c = cpu[name]
             print(f"{w.name:<12} {name:<14} {t * 1e3:>10.3f} {t / base:>8.3f} {c * 1e3:>8.2f} "
-                  f"{c / cbase:>8.3f} {err:>11} {compiles.get(name, ''):>26}", flush=True)
+                  f"{c / cbase:>8.3f} {err:>11} {compiles.get(name, ''):>33}", flush=True)
         summary.append(_summary_row(w.name, med))
     print("\nsummary (wall-time ratios to numpy; target: the issue's 'must reach' ratio)")
     for row in summary:
