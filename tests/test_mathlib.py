@@ -287,7 +287,7 @@ def test_path_without_native_ldexp(name: str, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.mark.parametrize("dt", DTYPES)
-@pytest.mark.parametrize("name", mathlib.NAMES)
+@pytest.mark.parametrize("name", [*mathlib.NAMES, *mathlib.SMALL_VARIANTS.values()])
 def test_loop_vectorizes_without_libm_calls(name: str, dt: str) -> None:
     text = kernel(name, dt).ir
     assert any(v in text for v in ("<16 x float>", "<8 x float>", "<8 x double>", "<4 x double>"))

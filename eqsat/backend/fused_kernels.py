@@ -19,7 +19,7 @@ from ..ir.types import DType, TensorType
 from .llvm_kernels import (KERNELS, Kernel, KernelBuilder, _load, _store, broadcast_strides,
                            element_cost, matmul_kernel, outer_blocks, reduce_kernel)
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
-                    streamed_nest)
+                    streamed_nest, with_trig_fallback)
 from .scalar import const, emit_scalar, llvm_type
 
 Typed = tuple[ir.Value, DType]
@@ -55,8 +55,11 @@ def _row_cost(e: Any, varying: set[int]) -> int:
     return element_cost(e.op) + sum(_row_cost(a, varying) for a in e.args)
 
 
-def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
-    """One loop nest over the result; each input read through its broadcast strides."""
+def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
+         trig_fallback: bool = True) -> Kernel:
+    """One loop nest over the result; each input read through its broadcast strides. A body
+    calling sin or cos runs twice where some argument needs the full reduction
+    (`loops.with_trig_fallback`), unless `trig_fallback` is off (output aliasing an input)."""
     out, body = s.type, s.attr["body"]
     strides = [broadcast_strides(t.shape, out.shape) for t in ins]
     dims = collapse(out.shape, [row_major_strides(out.shape), *strides])
@@ -73,8 +76,14 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
         streamed_nest(b, dims, lo, hi, o, value, out.dtype.itemsize)
         kb.end_kernel(b)
     else:
-        nest(b, dims, [0] * (1 + len(ins)), lambda offs: _store(b, value(offs[1:]), o, offs[0]),
-             outer=(lo, hi))
+        def loops() -> None:
+            nest(b, dims, [0] * (1 + len(ins)),
+                 lambda offs: _store(b, value(offs[1:]), o, offs[0]), outer=(lo, hi))
+
+        if trig_fallback:
+            with_trig_fallback(b, loops)
+        else:
+            loops()
         b.ret_void()
     work = out.nbytes + sum(t.nbytes for t in ins) + out.size * (1 + len(str(body)) // 8)
     return Kernel(fn, dims[0][0], work,
@@ -114,7 +123,7 @@ def map_reduce_keeping(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
 def map_in_place(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     """`map` whose last operand is its own result (read, then overwritten, element by element):
     the two pointers are the same, so neither may be marked noalias."""
-    kernel = map_(kb, s, ins)
+    kernel = map_(kb, s, ins, trig_fallback=False)
     for arg in (kernel.fn.args[2], kernel.fn.args[-1]):
         arg.attributes.discard("noalias")
     return kernel

@@ -19,7 +19,7 @@ from ..ir.ops import lookup
 from ..ir.types import DType, TensorType
 from . import blas
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
-                    streamed_nest)
+                    streamed_nest, with_trig_fallback)
 from .scalar import I8, I32, I64, LoweringError, const, emit_scalar, intrinsic, llvm_type
 
 # Products with at least this many multiply-adds go to the host BLAS; smaller ones are loops
@@ -137,9 +137,13 @@ def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel
         kb.end_kernel(b)
         return Kernel(fn, dims[0][0], work, outer_blocks(dims[0][0], dims[0][1],
                                                          [out.size] * (1 + len(ins))))
-    with for_range(b, lo, hi) as i:
-        args = [_load(b, p, i) for p in ptrs]
-        _store(b, emit_scalar(b, s.op, args, dtype, out.dtype), o, i)
+
+    def loop() -> None:
+        with for_range(b, lo, hi) as i:
+            args = [_load(b, p, i) for p in ptrs]
+            _store(b, emit_scalar(b, s.op, args, dtype, out.dtype), o, i)
+
+    with_trig_fallback(b, loop)  # sin and cos: cheap pass first (see loops.py)
     b.ret_void()
     return Kernel(fn, out.size, work, (1,) * (1 + len(ins)))
 

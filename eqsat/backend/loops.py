@@ -59,6 +59,27 @@ def nest(b: ir.IRBuilder, dims: Dims, offsets: Sequence[ir.Value | int],
         nest(b, dims[1:], inner, body, None, depth - 1)
 
 
+def with_trig_fallback(b: ir.IRBuilder, loops: Callable[[], None]) -> None:
+    """Emits `loops` (a kernel's loop nest over its range) with sin and cos in their
+    small-argument variants, then, where any element needed the full functions, `loops`
+    again as before: every result ends up exactly what the full functions give. Kernels that
+    call neither get `loops` once, unchanged. Only for kernels whose outputs never alias
+    their inputs (the second pass rereads them)."""
+    from . import mathlib
+
+    with mathlib.fast_trig(b.function) as fast:
+        loops()
+    if fast.flag is None:
+        return
+    full = b.append_basic_block("trig.full")
+    done = b.append_basic_block("trig.done")
+    b.cbranch(b.icmp_unsigned("!=", b.load(fast.flag), fast.flag.type.pointee(0)), full, done)
+    b.position_at_end(full)
+    loops()
+    b.branch(done)
+    b.position_at_end(done)
+
+
 def row_major_strides(shape: Sequence[int]) -> list[int]:
     """Element strides of a contiguous row-major array."""
     strides, acc = [], 1

@@ -8,12 +8,16 @@ interpreter's formulas) including inf, NaN, -0.0, subnormals and the overflow / 
 thresholds, within a few ulp (see tests/test_mathlib.py for the measured bounds).
 
 Kernels live in mathlib_explog.py (exp, log, tanh, sigmoid, pow) and mathlib_trig.py
-(sin, cos); their polynomial coefficients are fitted in mathlib_fit.py.
+(sin, cos); their polynomial coefficients are fitted in mathlib_fit.py. sin and cos also
+have small-argument variants (`SMALL_VARIANTS`) that kernels use in a first pass, with a
+second, full pass where some argument needs it (`FastTrig`, loops.with_trig_fallback).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextvars
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from llvmlite import ir
 
@@ -49,7 +53,10 @@ KERNELS: dict[str, tuple[int, Callable[..., Value]]] = {
     "recip": (1, _recip),
     "pow": (2, explog.pow_),
 }
+# function -> its small-argument variant (see FastTrig); variants are not in NAMES
+SMALL_VARIANTS = {"sin": "sin_small", "cos": "cos_small"}
 NAMES = tuple(KERNELS)
+KERNELS.update({"sin_small": (1, trig.sin_small), "cos_small": (1, trig.cos_small)})
 
 
 def function_name(name: str, ty: ir.Type) -> str:
@@ -68,7 +75,7 @@ def _suffix(ty: ir.Type) -> str:
 def define(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
     """The function computing `name` (one of NAMES) on `ty` (ir.FloatType() or
     ir.DoubleType()) in `module`, created on first use and reused after."""
-    if name not in KERNELS:
+    if name not in KERNELS:  # the small variants are accepted too
         raise Error(f"no math function {name!r}; the math library has {', '.join(NAMES)}")
     symbol = function_name(name, ty)
     existing = module.globals.get(symbol)
@@ -82,3 +89,51 @@ def define(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
     builder.ret(kernel(Emit(builder, ty), *fn.args))
     return fn
+
+
+class FastTrig:
+    """While one kernel's fast pass is emitted (`fast_trig`), `call` stands in for sin and cos:
+    it emits their small-argument variant and ORs into an i8 flag, zeroed in the kernel's
+    entry, whether the element needs the full function (|x| >= SMALL_LIMIT, finite). LLVM
+    promotes the flag to an `or` reduction, so the loop still vectorizes."""
+
+    def __init__(self, fn: ir.Function):
+        self.fn = fn
+        self.flag: ir.AllocaInstr | None = None  # created on the first sin or cos
+
+    def call(self, b: ir.IRBuilder, name: str, x: Value) -> Value | None:
+        """The variant's value for `x`, or None where `name` has no variant (or `b` builds
+        another function)."""
+        if name not in SMALL_VARIANTS or b.function is not self.fn:
+            return None
+        i8 = ir.IntType(8)
+        if self.flag is None:
+            with b.goto_entry_block():
+                self.flag = b.alloca(i8, name="trig.full")
+                b.store(ir.Constant(i8, 0), self.flag)
+        e = Emit(b, x.type)
+        ax, limit = e.fabs(x), e.c(trig.SMALL_LIMIT[e.bits])
+        # NaN and +-inf are left out: both versions return the same NaN constant for them
+        need = b.and_(b.fcmp_ordered(">=", ax, limit),
+                      b.fcmp_ordered("!=", ax, ir.Constant(x.type, float("inf"))))
+        b.store(b.or_(b.load(self.flag), b.zext(need, i8)), self.flag)
+        return b.call(define(b.module, SMALL_VARIANTS[name], x.type), [x])
+
+
+_ACTIVE: contextvars.ContextVar[FastTrig | None] = contextvars.ContextVar("fast_trig", default=None)
+
+
+@contextmanager
+def fast_trig(fn: ir.Function) -> Iterator[FastTrig]:
+    """Within the block, sin and cos emitted into `fn` by scalar.math_call use the small
+    variants and record in the yielded FastTrig's flag whether that was wrong somewhere."""
+    token = _ACTIVE.set(FastTrig(fn))
+    try:
+        yield _ACTIVE.get()
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active_fast_trig() -> FastTrig | None:
+    """The FastTrig of the enclosing `fast_trig` block, if any."""
+    return _ACTIVE.get()

@@ -13,6 +13,8 @@ r_hi + r_lo, with |r| about pi/4 at most.
   a gather, slow on x86): a 96-bit window of 2/pi is picked by selects among a few 32-bit
   words and shifted into place, and M times it in 64-bit integers gives the quadrant and 62
   fraction bits.
+`sin_small` / `cos_small` skip the Payne-Hanek reduction (for kernels that check their
+arguments' range and fall back to the full functions, see mathlib.FastTrig).
 Then sin r and cos r by polynomials in r^2 (with r_lo's first-order term), and n mod 4 picks
 and signs one. f32 works in f32 throughout; results are within 2 ulp of the correctly rounded
 value over the whole finite range (tests/test_mathlib.py).
@@ -195,11 +197,12 @@ def _reduce_small(e: Emit, x: Value) -> tuple[Value, Value, Value]:
     return n, e.sel(e.eq(n, 0.0), x, r_hi), r_lo
 
 
-def _sin_cos(e: Emit, x: Value, want_cos: bool) -> Value:
-    ns, rs, ls = _reduce_small(e, x)
-    nl, rl, ll = _reduce_large(e, x)
-    small = e.lt(e.fabs(x), SMALL_LIMIT[e.bits])
-    n, r, r_lo = e.sel(small, ns, nl), e.sel(small, rs, rl), e.sel(small, ls, ll)
+def _sin_cos(e: Emit, x: Value, want_cos: bool, small_only: bool = False) -> Value:
+    n, r, r_lo = _reduce_small(e, x)
+    if not small_only:
+        nl, rl, ll = _reduce_large(e, x)
+        small = e.lt(e.fabs(x), SMALL_LIMIT[e.bits])
+        n, r, r_lo = e.sel(small, n, nl), e.sel(small, r, rl), e.sel(small, r_lo, ll)
     r = e.sel(e.gt(r, _R_MAX), _R_MAX, r)
     r = e.sel(e.lt(r, -_R_MAX), -_R_MAX, r)
     q = e.sub(n, e.mul(e.floor(e.mul(n, 0.25)), 4.0))  # n mod 4, exact, in {0, 1, 2, 3}
@@ -233,3 +236,19 @@ def sin(e: Emit, x: Value) -> Value:
 def cos(e: Emit, x: Value) -> Value:
     """cos x."""
     return _sin_cos(e, x, want_cos=True)
+
+
+# The small variants compute exactly the operations `sin` / `cos` select for |x| <
+# SMALL_LIMIT (and for NaN and +-inf, whose result is the NaN constant either way), so they
+# agree with them bit for bit there; elsewhere their result is wrong. A kernel using them
+# checks `needs_full` and recomputes with the full functions (scalar.math_call, loops.py).
+
+
+def sin_small(e: Emit, x: Value) -> Value:
+    """sin x for |x| < SMALL_LIMIT, NaN and +-inf only: no Payne-Hanek reduction."""
+    return _sin_cos(e, x, want_cos=False, small_only=True)
+
+
+def cos_small(e: Emit, x: Value) -> Value:
+    """cos x for |x| < SMALL_LIMIT, NaN and +-inf only: no Payne-Hanek reduction."""
+    return _sin_cos(e, x, want_cos=True, small_only=True)

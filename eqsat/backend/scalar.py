@@ -88,7 +88,10 @@ def math_call(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
     lib = _mathlib()
     ty = args[0].type
     if lib is not None:
-        return b.call(lib.define(b.module, name, ty), list(args))
+        # inside a kernel's fast pass (loops.with_trig_fallback): sin/cos's cheap variant
+        fast = lib.active_fast_trig() if hasattr(lib, "active_fast_trig") else None
+        value = fast.call(b, name, args[0]) if fast is not None else None
+        return value if value is not None else b.call(lib.define(b.module, name, ty), list(args))
     one = const(ty, 1.0)
     if name == "sigmoid":
         e = intrinsic(b, "exp", b.fneg(args[0]))
