@@ -38,7 +38,7 @@ y = np.cos(x)
 got = compile_module(m, cache_dir=sys.argv[1]).f(x, y)
 want = eqsat.interpret(m, "f", x, y)
 ok = bool(np.allclose(got, want, rtol=1e-5, atol=1e-6))
-mods = [n for n in ("entry", "gemm", "parallel", "llvm_kernels", "fused_kernels")
+mods = [n for n in ("entry", "gemm", "parallel", "llvm_kernels", "fused_kernels", "matmul_kernels")
         if "eqsat.backend." + n in sys.modules]
 print(json.dumps([ok, mods]))
 """

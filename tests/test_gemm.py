@@ -17,7 +17,7 @@ from eqsat.ir.ops import OPS
 
 SETTINGS = settings(max_examples=18, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-# Large enough for the GEMM (llvm_kernels.BLAS_MIN_FLOPS multiply-adds), small enough to be fast.
+# Large enough for the GEMM (matmul_kernels.BLAS_MIN_FLOPS multiply-adds), small enough to be fast.
 MIN_MACS = 64 * 64 * 64
 DTYPES = {"f32": np.float32, "f64": np.float64}
 EPS = {"f32": 2.0 ** -24, "f64": 2.0 ** -53}

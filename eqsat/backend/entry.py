@@ -17,8 +17,8 @@ from ..ir.module import Function, Module, Stmt
 from ..ir.types import TensorType
 from . import blas, fused_kernels  # (importing fused_kernels registers the fused ops' kernels)
 from .chunks import Buffer, Group, Member, group_kernel, try_join
-from .llvm_kernels import (STREAM_ALIGN, Kernel, KernelBuilder, blas_pays, build_kernel,
-                           gemm_layout_ok, matmul_viewed, uses_packed_gemm)
+from .llvm_kernels import STREAM_ALIGN, Kernel, KernelBuilder, build_kernel
+from .matmul_kernels import blas_pays, gemm_layout_ok, matmul_viewed, uses_packed_gemm
 from .loops import i64, row_major_strides
 from .parallel import emit_kernel_call
 from .reuse import find_shares

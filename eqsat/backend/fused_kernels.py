@@ -17,9 +17,10 @@ from ..ir.ops import OPS
 from ..ir.scalar_expr import App, body_args, fold
 from ..ir.types import DType, TensorType
 from .llvm_kernels import (KERNELS, Kernel, KernelBuilder, _load, _store, broadcast_strides,
-                           element_cost, matmul_kernel, outer_blocks, reduce_kernel)
+                           element_cost, outer_blocks, reduce_kernel)
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
                     streamed_nest, with_trig_fallback)
+from .matmul_kernels import matmul_kernel
 from .scalar import const, emit_scalar, llvm_type
 
 Typed = tuple[ir.Value, DType]

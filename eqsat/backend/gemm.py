@@ -235,7 +235,7 @@ def _epilogue_fn(kb: KernelBuilder, name: str, dtype: DType, extras: Sequence[DT
 # (cpu.cache_key). Measured here (bench/gemm_bench.py, bench/run.py): on lone products the GEMM
 # matches OpenBLAS (190-210 versus 180-200 GFLOP/s; 2-core peak ~234), on batched ones it is
 # ~1.5x faster; with every large product on it, the BLAS only gets narrow products, which run
-# on the calling thread alone (llvm_kernels._blas_matmul), so OpenBLAS's workers never wake
+# on the calling thread alone (matmul_kernels._blas_matmul), so OpenBLAS's workers never wake
 # and spin beside our pool (mixing the two pools made mlp_fwd 1.7x slower).
 MODE = os.environ.get("EQSAT_GEMM", "all")
 ENABLED = MODE != "0"

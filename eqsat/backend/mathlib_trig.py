@@ -211,7 +211,8 @@ def _sin_cos(e: Emit, x: Value, want_cos: bool, small_only: bool = False) -> Val
     hz = e.mul(z, 0.5)
     # r + r^3 S(z) + r_lo (1 - z/2) on |r|, signed last so that sin(-0) = -0
     lo_abs = e.sel(e.lt(r, 0.0), e.neg(r_lo), r_lo)
-    tail = e.fma(e.mul(ar, z), e.horner(z, fit.coefficients("sin", e.bits)), e.fma(e.neg(lo_abs), hz, lo_abs))
+    poly = e.horner(z, fit.coefficients("sin", e.bits))
+    tail = e.fma(e.mul(ar, z), poly, e.fma(e.neg(lo_abs), hz, lo_abs))
     sin_r = e.copysign(e.add(ar, tail), r)
     # 1 - z/2 + z^2 C(z) - r r_lo, with the rounding error of 1 - z/2 added back
     w = e.sub(1.0, hz)

@@ -111,7 +111,8 @@ def _tiled_transpose(kb: GpuKernelBuilder, x: TensorType, perm: list[int],
     for k in range(TILE // ROWS):  # read: rows of the input tile, coalesced along x
         xi = b.add(x0, tx)
         yi = b.add(y0, b.add(ty, cint(I32, k * ROWS)))
-        ok = b.and_(b.icmp_unsigned("<", xi, cint(I32, nx)), b.icmp_unsigned("<", yi, cint(I32, ny)))
+        ok = b.and_(b.icmp_unsigned("<", xi, cint(I32, nx)),
+                    b.icmp_unsigned("<", yi, cint(I32, ny)))
         slot = b.add(b.mul(b.add(ty, cint(I32, k * ROWS)), cint(I32, TILE + 1)), tx)
 
         def read(xi=xi, yi=yi, slot=slot) -> None:
@@ -123,7 +124,8 @@ def _tiled_transpose(kb: GpuKernelBuilder, x: TensorType, perm: list[int],
     for k in range(TILE // ROWS):  # write: rows of the output tile, coalesced along y
         yi = b.add(y0, tx)
         xi = b.add(x0, b.add(ty, cint(I32, k * ROWS)))
-        ok = b.and_(b.icmp_unsigned("<", xi, cint(I32, nx)), b.icmp_unsigned("<", yi, cint(I32, ny)))
+        ok = b.and_(b.icmp_unsigned("<", xi, cint(I32, nx)),
+                    b.icmp_unsigned("<", yi, cint(I32, ny)))
         slot = b.add(b.mul(tx, cint(I32, TILE + 1)), b.add(ty, cint(I32, k * ROWS)))
 
         def write(xi=xi, yi=yi, slot=slot) -> None:

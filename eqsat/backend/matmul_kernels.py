@@ -1,0 +1,216 @@
+"""Matrix products for the CPU: the generated packed GEMM (gemm.py) for large float products,
+the host BLAS for narrow ones (and for all, with EQSAT_GEMM=0), generated loops for small or
+integer ones; epilogues (a `matmul_epi`'s body) rewrite finished rows or blocks in place."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from llvmlite import ir
+
+from ..ir.module import Function, Stmt
+from ..ir.types import TensorType
+from . import blas
+from .llvm_kernels import KERNELS, Kernel, KernelBuilder, _load, _store
+from .loops import for_range, i64, row_major_strides
+from .scalar import I8, I32, const, llvm_type
+
+# Products with at least this many multiply-adds go to the host BLAS; smaller ones are loops
+# (a BLAS call costs about a microsecond before it does any work).
+BLAS_MIN_FLOPS = 64 * 64 * 64
+
+
+# An epilogue: given the builder, the extra operands' pointers, the output pointer, the flat
+# index of a row of the product and its length, rewrite that row in place.
+Epilogue = Callable[[ir.IRBuilder, list[ir.Value], ir.Value, ir.Value], None]
+
+
+def _operand_strides(t: TensorType, transposed: bool) -> tuple[int, int]:
+    """Element strides of op(x)'s last two axes (rows, columns) in x's row-major storage."""
+    r, c = t.shape[-1], 1
+    return (c, r) if transposed else (r, c)
+
+
+Layout = list[int]  # element strides of an operand read in place (a transpose's source)
+
+
+def _gemm_operand(shape: Sequence[int], trans: bool, view: Layout | None
+                  ) -> tuple[bool, int, list[int]]:
+    """(transposed, leading dimension, batch strides) of a gemm operand of logical `shape`
+    (after `trans`): stored contiguously, or read in place through `view`'s strides."""
+    if view is None:
+        rows, cols = shape[-2:]  # as stored: transposed, cols x rows
+        return trans, (rows if trans else cols), row_major_strides(shape)[:-2]
+    r, c = view[-2:]
+    return (False, r, view[:-2]) if c == 1 else (True, c, view[:-2])
+
+
+def gemm_layout_ok(view: Layout, shape: Sequence[int]) -> bool:
+    """Whether gemm can read an operand of `shape` through strides `view` in place: one of its
+    two matrix axes contiguous, the other a valid leading dimension."""
+    (rows, cols), (r, c) = shape[-2:], view[-2:]
+    return (c == 1 and r >= max(1, cols)) or (r == 1 and c >= max(1, rows))
+
+
+def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
+                 ta: bool, tb: bool, epilogue: Epilogue | None,
+                 views: Sequence[Layout | None] = (None, None)) -> Kernel:
+    """op(A) @ op(B) per batch through the host's Fortran gemm. Row-major C is column-major
+    C^T = op(B)^T op(A)^T: gemm with B first, and each operand's storage read as its own
+    transpose. `views` give an operand's strides where it is read in place (no transpose
+    materialized: gemm's transpose flag and leading dimension absorb it)."""
+    a = ins[0]
+    m, n = out.shape[-2], out.shape[-1]
+    k = a.shape[-2] if ta else a.shape[-1]
+    batch = math.prod(out.shape[:-2])
+    gemm = blas.declare_gemm(kb.module, out.dtype)
+    fn, b, lo, hi, (c,), ptrs = kb.function(name, [out.dtype], [t.dtype for t in ins])
+    pa, pb = ptrs[0], ptrs[1]
+    ety = llvm_type(out.dtype)
+
+    def slot(ty: ir.Type, value: int | float) -> ir.Value:
+        ptr = b.alloca(ty)
+        b.store(const(ty, value), ptr)
+        return ptr
+
+    bshape = out.shape[:-2]
+    ta, lda_v, bsa = _gemm_operand((*bshape, m, k), ta, views[0])
+    tb, ldb_v, bsb = _gemm_operand((*bshape, k, n), tb, views[1])
+    trans_b, trans_a = slot(I8, ord("T" if tb else "N")), slot(I8, ord("T" if ta else "N"))
+    bi = blas.int_type()
+    mm, nn, kk = slot(bi, n), slot(bi, m), slot(bi, k)
+    ldb, lda, ldc = slot(bi, ldb_v), slot(bi, lda_v), slot(bi, n)
+    alpha, beta = slot(ety, 1.0), slot(ety, 0.0)
+
+    def batch_offset(t: ir.Value, strides: Sequence[int]) -> ir.Value:
+        off, inner = i64(0), 1
+        for d in reversed(range(len(bshape))):
+            if strides[d] and bshape[d] > 1:
+                idx = b.urem(b.udiv(t, i64(inner)), i64(bshape[d]))
+                off = b.add(off, b.mul(idx, i64(strides[d])))
+            inner *= bshape[d]
+        return off
+
+    # Our threads split batches, each calling the BLAS single-threaded (the entry sets it so);
+    # a lone product runs on the BLAS's own threads, which split it better than row blocks
+    # (the operand each block shares is packed once, not per block), except in a module whose
+    # large products run on the generated GEMM (`KernelBuilder.blas_threads`): OpenBLAS's
+    # workers spin for ~0.1 s after each call, taking a core from our pool's next kernels
+    # (mlp_fwd with its narrow last product on them: 1.7x slower), so there the narrow
+    # products the BLAS still gets run on this thread alone.
+    from .parallel import THREADS  # here: parallel imports this module
+    blas_pool = batch == 1 and THREADS > 1 and kb.blas_threads
+    setter = blas.declare_threads(kb.module) if blas_pool else None
+    if setter is not None:
+        b.call(setter, [ir.Constant(I32, THREADS)])
+    with for_range(b, lo, hi, name="batch") as t:
+        pa_t = b.gep(pa, [batch_offset(t, bsa)], inbounds=True)
+        pb_t = b.gep(pb, [batch_offset(t, bsb)], inbounds=True)
+        pc_t = b.gep(c, [b.mul(t, i64(m * n))], inbounds=True)
+        b.call(gemm, [trans_b, trans_a, mm, nn, kk, alpha, pb_t, ldb, pa_t, lda, beta, pc_t, ldc])
+        if epilogue is not None:
+            with for_range(b, 0, m, name="erow") as i:
+                epilogue(b, ptrs[2:], c, b.add(b.mul(t, i64(m)), i))
+    if setter is not None:
+        b.call(setter, [ir.Constant(I32, 1)])
+    b.ret_void()
+    return Kernel(fn, batch, 2 * batch * m * n * k)
+
+
+def blas_pays(out: TensorType, k: int) -> bool:
+    """Whether a product of result `out` and inner length `k` goes to the host BLAS."""
+    m, n = out.shape[-2], out.shape[-1]
+    return out.dtype.is_float and m * n * k >= BLAS_MIN_FLOPS and blas.available()
+
+
+def gemm_pays(out: TensorType, k: int) -> bool:
+    """Whether a product goes to the generated packed GEMM (gemm.py): float products as
+    large as the BLAS's, where a BLAS is missing, else batched ones (see gemm.LONE_PRODUCTS)
+    unless so narrow that most of its tiles would be padding."""
+    from . import gemm
+    m, n = out.shape[-2], out.shape[-1]
+    if not gemm.supports(out.dtype) or m * n * k < BLAS_MIN_FLOPS:
+        return False
+    return not blas.available() or (
+        (gemm.LONE_PRODUCTS or math.prod(out.shape[:-2]) > 1)
+        and gemm.tile_use(out.dtype, m, n) >= gemm.MIN_TILE_USE)
+
+
+def uses_packed_gemm(func: Function) -> bool:
+    """Whether any product of `func` runs on the generated GEMM (see `gemm_pays`)."""
+    types = func.types()
+    for s in func.body:
+        if s.op in ("matmul", "matmul_t", "matmul_epi") and s.type.dtype.is_float:
+            a = types[s.operands[0]]
+            k = a.shape[-2] if s.attr.get("ta") else a.shape[-1]
+            if k and gemm_pays(s.type, k):
+                return True
+    return False
+
+
+def _loop_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
+                 ta: bool, tb: bool, epilogue: Epilogue | None) -> Kernel:
+    """Rows of C in [lo, hi): C[r, :] = sum_p A[r, p] * B[p, :], vectorized along the row."""
+    a, bt = ins[0], ins[1]
+    m, n = out.shape[-2], out.shape[-1]
+    k = a.shape[-2] if ta else a.shape[-1]
+    rows = math.prod(out.shape[:-1])
+    (sa_i, sa_p), (sb_p, sb_j) = _operand_strides(a, ta), _operand_strides(bt, tb)
+    fn, b, lo, hi, (c,), ptrs = kb.function(name, [out.dtype], [t.dtype for t in ins])
+    pa, pb = ptrs[0], ptrs[1]
+    is_float = out.dtype.is_float
+    zero = const(llvm_type(out.dtype), 0.0 if is_float else 0)
+    with for_range(b, lo, hi, name="row") as r:
+        crow = b.mul(r, i64(n))
+        batch = b.udiv(r, i64(m))
+        arow = b.add(b.mul(batch, i64(m * k)), b.mul(b.urem(r, i64(m)), i64(sa_i)))
+        bmat = b.mul(batch, i64(k * n))
+        with for_range(b, 0, n, name="z") as j:
+            _store(b, zero, c, b.add(crow, j))
+        with for_range(b, 0, k, name="p") as q:
+            av = _load(b, pa, b.add(arow, b.mul(q, i64(sa_p))))
+            brow = b.add(bmat, b.mul(q, i64(sb_p)))
+            with for_range(b, 0, n, name="j") as j:
+                co = b.add(crow, j)
+                bv = _load(b, pb, b.add(brow, b.mul(j, i64(sb_j))))
+                prod = b.fmul(av, bv, flags=("contract",)) if is_float else b.mul(av, bv)
+                acc = _load(b, c, co)
+                _store(b, b.fadd(acc, prod, flags=("contract",)) if is_float else b.add(acc, prod),
+                       c, co)
+        if epilogue is not None:
+            epilogue(b, ptrs[2:], c, r)
+    b.ret_void()
+    return Kernel(fn, rows, 2 * rows * n * k + out.nbytes)
+
+
+def matmul_kernel(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
+                  ta: bool = False, tb: bool = False, epilogue: Epilogue | None = None) -> Kernel:
+    """op(A) @ op(B) (then an epilogue per row): the generated packed GEMM (gemm.py) for
+    float products large enough to pay (`gemm_pays`), the host BLAS for those it leaves,
+    generated loops otherwise."""
+    from . import gemm  # here: gemm builds `Kernel`s of this module
+    k = ins[0].shape[-2] if ta else ins[0].shape[-1]
+    if k and gemm_pays(out, k):
+        return gemm.gemm_matmul(kb, name, out, ins, ta, tb, epilogue)
+    if blas_pays(out, k):
+        return _blas_matmul(kb, name, out, ins, ta, tb, epilogue)
+    return _loop_matmul(kb, name, out, ins, ta, tb, epilogue)
+
+
+def matmul(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
+    """np.matmul with equal batch dimensions."""
+    return matmul_kernel(kb, "matmul", s.type, ins)
+
+
+def matmul_viewed(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
+                  views: Sequence[Layout | None]) -> Kernel:
+    """A BLAS-sized np.matmul reading operands through `views` (see `_blas_matmul`): the
+    generated GEMM where it pays (`gemm_pays`), else the host BLAS."""
+    from . import gemm
+    if ins[0].shape[-1] and gemm_pays(s.type, ins[0].shape[-1]):
+        return gemm.gemm_matmul(kb, "matmul_viewed", s.type, ins, False, False, None, views)
+    return _blas_matmul(kb, "matmul_viewed", s.type, ins, False, False, None, views)
+
+
+KERNELS["matmul"] = matmul
