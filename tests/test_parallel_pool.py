@@ -142,3 +142,19 @@ def test_tiny_tasks_from_several_threads_and_a_forked_child():
             os._exit(0 if ok else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize("rows", [5, 1001])
+def test_chunked_extents_cover_every_row_once(rows: int) -> None:
+    """Kernels whose extent is not a multiple of the chunks the threads take (1001 rows: a
+    short last chunk; 5: fewer rows than chunks) still compute every row exactly once."""
+    cols = (1 << 22) // rows + 1  # enough work for the pool
+    t = f"f32[{rows},{cols}]"
+    m = parse(f"module @c\nfunc @f(%x: {t}) -> {t} {{\n  %e = exp %x : {t}\n"
+              f"  %s = sum %e, axes=[1] : f32[{rows}]\n  %r = reshape %s : f32[{rows},1]\n"
+              f"  %b = broadcast %r : {t}\n  %y = div %e, %b : {t}\n  return %y\n}}")
+    x = np.random.default_rng(rows).standard_normal((rows, cols)).astype(np.float32)
+    exe = compile_module(m, cache_dir=None)
+    want = eqsat.interpret(m, "f", x)
+    for _ in range(5):
+        np.testing.assert_allclose(exe.f(x), want, rtol=2e-6, atol=1e-12)

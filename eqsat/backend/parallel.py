@@ -28,6 +28,7 @@ from .scalar import I8, I32, I64, declare
 PARALLEL_MIN_WORK = 1 << 22
 THREADS = max(1, min(os.cpu_count() or 1, 16))
 # POOL_SYMBOL: void (i8* (i8*)* fn, i8* ctxs, i64 ctx_bytes, i32 n), bound to POOL_ENTRY
+CHUNKS_PER_THREAD = 4  # a kernel's extent is taken in this many chunks per thread
 MAX_WORKERS = 63  # shares beyond this many workers run on the calling thread
 SEM_BYTES = 64  # room for a sem_t (32 bytes on 64-bit glibc), one cache line each
 
@@ -36,7 +37,9 @@ TASK = ir.FunctionType(VOIDP, [VOIDP])
 
 
 def _trampoline(kernel: Kernel, ctx_ty: ir.LiteralStructType) -> ir.Function:
-    """`void *k.thread(void *ctx)`: unpack (lo, hi, pointers...) and run the kernel."""
+    """`void *k.thread(void *ctx)`: take chunks [start, start + chunk) of the kernel's extent
+    from the shared counter (next start, extent, chunk, pointers...) and run them until none
+    is left."""
     module = kernel.fn.module
     name = f"{kernel.fn.name}.thread"
     fn = module.globals.get(name)
@@ -51,9 +54,21 @@ def _trampoline(kernel: Kernel, ctx_ty: ir.LiteralStructType) -> ir.Function:
         # A pool thread: OpenBLAS on it alone too (else concurrent calls queue for its pool).
         b.call(setter, [ir.Constant(I32, 1)])
     ctx = b.bitcast(fn.args[0], ctx_ty.as_pointer())
-    fields = [b.load(b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
-              for k in range(len(ctx_ty.elements))]
-    b.call(kernel.fn, fields)
+    counter, extent, chunk, *args = [
+        b.load(b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
+        for k in range(len(ctx_ty.elements))]
+    take, done = fn.append_basic_block("take"), fn.append_basic_block("done")
+    run = fn.append_basic_block("run")
+    b.branch(take)
+    b.position_at_end(take)
+    start = b.atomic_rmw("add", counter, chunk, "monotonic")
+    b.cbranch(b.icmp_unsigned("<", start, extent), run, done)
+    b.position_at_end(run)
+    end = b.add(start, chunk)
+    end = b.select(b.icmp_unsigned("<", end, extent), end, extent)
+    b.call(kernel.fn, [start, end, *args])
+    b.branch(take)
+    b.position_at_end(done)
     b.ret(ir.Constant(VOIDP, None))
     return fn
 
@@ -64,22 +79,27 @@ def declare_pool(module: ir.Module) -> ir.Function:
 
 
 def emit_kernel_call(b: ir.IRBuilder, kernel: Kernel, args: Sequence[ir.Value]) -> None:
-    """Run `kernel` over its whole extent, on THREADS threads when that pays."""
+    """Run `kernel` over its whole extent, on THREADS threads when that pays. The extent is
+    cut into CHUNKS_PER_THREAD chunks per thread that the threads take from a shared counter,
+    so a thread that starts late (a core busy elsewhere, or slow to wake) leaves its chunks to
+    the others instead of holding up the call; which thread runs a chunk never changes what
+    it computes."""
     threads = min(THREADS, kernel.extent)
     if threads < 2 or kernel.work < PARALLEL_MIN_WORK:
         b.call(kernel.fn, [i64(0), i64(kernel.extent), *args])
         return
-    ctx_ty = ir.LiteralStructType([I64, I64, *[a.type for a in args]])
+    ctx_ty = ir.LiteralStructType([I64.as_pointer(), I64, I64, *[a.type for a in args]])
     tramp = _trampoline(kernel, ctx_ty)
-    bounds = [kernel.extent * t // threads for t in range(threads + 1)]
+    chunks = min(kernel.extent, threads * CHUNKS_PER_THREAD)
+    chunk = -(-kernel.extent // chunks)
     with b.goto_entry_block():
-        ctxs = b.alloca(ctx_ty, size=threads)
-    for t in range(threads):
-        ctx = b.gep(ctxs, [i64(t)])
-        for k, v in enumerate([i64(bounds[t]), i64(bounds[t + 1]), *args]):
-            b.store(v, b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
-    size = b.ptrtoint(b.gep(ir.Constant(ctx_ty.as_pointer(), None), [i64(1)]), I64)
-    b.call(declare_pool(b.module), [tramp, b.bitcast(ctxs, VOIDP), size,
+        ctx = b.alloca(ctx_ty)
+        counter = b.alloca(I64)
+    b.store(i64(0), counter)
+    for k, v in enumerate([counter, i64(kernel.extent), i64(chunk), *args]):
+        b.store(v, b.gep(ctx, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
+    # every share gets the same context (ctx_bytes 0): they differ only in what they take
+    b.call(declare_pool(b.module), [tramp, b.bitcast(ctx, VOIDP), i64(0),
                                     ir.Constant(I32, threads)])
 
 
