@@ -19,7 +19,7 @@ from ..ir.types import DType, TensorType
 from .llvm_kernels import (KERNELS, Kernel, KernelBuilder, _load, _store, broadcast_strides,
                            element_cost, outer_blocks, reduce_kernel)
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
-                    streamed_nest, with_trig_fallback)
+                    streamed_nest, strided_offset, with_trig_fallback)
 from .matmul_kernels import matmul_kernel
 from .scalar import const, emit_scalar, llvm_type
 
@@ -149,15 +149,7 @@ def matmul_epi(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
                  cols: tuple[ir.Value, ir.Value] | None = None) -> None:
         # `cols`: only columns [j0, j1) of the row (the packed GEMM finishes C in blocks).
         # The extras' offsets of row r: r's index along each leading axis times their strides.
-        bases = []
-        for st in strides:
-            base, inner = i64(0), 1
-            for d in reversed(range(len(lead))):
-                if st[d] and lead[d] > 1:
-                    idx = b.urem(b.udiv(r, i64(inner)), i64(lead[d]))
-                    base = b.add(base, b.mul(idx, i64(st[d])))
-                inner *= lead[d]
-            bases.append(base)
+        bases = [strided_offset(b, r, lead, st) for st in strides]
         crow = b.mul(r, i64(n))
         with for_range(b, *(cols or (0, n)), name="e") as j:
             offs = [b.add(base, b.mul(j, i64(st[-1]))) for base, st in zip(bases, strides)]

@@ -23,7 +23,6 @@ product (train_step: 9 products, LLVM 0.85 -> ~0.4 s).
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -31,8 +30,9 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from ..ir.types import DType, TensorType
-from .loops import for_range, i64, row_major_strides
+from . import settings
 from .gemm_blocks import Blocking, blocking, micro_kernel, pack_fn
+from .loops import for_range, i64, row_major_strides, strided_offset
 from .scalar import I64, llvm_type
 
 if TYPE_CHECKING:  # llvm_kernels imports this module
@@ -237,9 +237,7 @@ def _epilogue_fn(kb: KernelBuilder, name: str, dtype: DType, extras: Sequence[DT
 # ~1.5x faster; with every large product on it, the BLAS only gets narrow products, which run
 # on the calling thread alone (matmul_kernels._blas_matmul), so OpenBLAS's workers never wake
 # and spin beside our pool (mixing the two pools made mlp_fwd 1.7x slower).
-MODE = os.environ.get("EQSAT_GEMM", "all")
-ENABLED = MODE != "0"
-LONE_PRODUCTS = MODE not in ("0", "batched")
+ENABLED, LONE_PRODUCTS = settings.gemm_switches()
 
 
 def supports(dtype: DType) -> bool:
@@ -291,20 +289,11 @@ def gemm_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Ten
             for i, ptr in enumerate(ptrs[2:]):
                 b.store(b.bitcast(ptr, I8P), b.gep(ctx, [i64(i)], inbounds=True))
 
-    def batch_offset(t: ir.Value, strides: Sequence[int]) -> ir.Value:
-        off, inner = i64(0), 1
-        for d in reversed(range(len(bshape))):
-            if strides[d] and bshape[d] > 1:
-                idx = b.urem(b.udiv(t, i64(inner)), i64(bshape[d]))
-                off = b.add(off, b.mul(idx, i64(strides[d])))
-            inner *= bshape[d]
-        return off
-
     # Unit u is share u % parts of batch u // parts (see `split`).
     with for_range(b, lo, hi, name="unit") as u:
         t, part = b.udiv(u, i64(sp.parts)), b.urem(u, i64(sp.parts))
-        a_t = b.gep(ptrs[0], [batch_offset(t, oa.batch)], inbounds=True)
-        b_t = b.gep(ptrs[1], [batch_offset(t, ob.batch)], inbounds=True)
+        a_t = b.gep(ptrs[0], [strided_offset(b, t, bshape, oa.batch)], inbounds=True)
+        b_t = b.gep(ptrs[1], [strided_offset(b, t, bshape, ob.batch)], inbounds=True)
         start = b.mul(part, i64(sp.chunk))
         dim = n if sp.by_cols else m
         end = b.select(b.icmp_signed("<", b.add(start, i64(sp.chunk)), i64(dim)),

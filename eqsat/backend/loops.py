@@ -17,6 +17,20 @@ def i64(value: int) -> ir.Constant:
     return ir.Constant(I64, value)
 
 
+def strided_offset(b: ir.IRBuilder, index: ir.Value, shape: Sequence[int],
+                   strides: Sequence[int]) -> ir.Value:
+    """The element offset, through `strides`, of the flat row-major `index` into `shape` (a
+    batch or row number read as its index along each axis; axes of stride 0 or extent 1 add
+    nothing)."""
+    off, inner = i64(0), 1
+    for d in reversed(range(len(shape))):
+        if strides[d] and shape[d] > 1:
+            idx = b.urem(b.udiv(index, i64(inner)), i64(shape[d]))
+            off = b.add(off, b.mul(idx, i64(strides[d])))
+        inner *= shape[d]
+    return off
+
+
 @contextmanager
 def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int,
               name: str = "i") -> Iterator[ir.Value]:

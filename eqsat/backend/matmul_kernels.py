@@ -13,7 +13,7 @@ from ..ir.module import Function, Stmt
 from ..ir.types import TensorType
 from . import blas
 from .llvm_kernels import KERNELS, Kernel, KernelBuilder, _load, _store
-from .loops import for_range, i64, row_major_strides
+from .loops import for_range, i64, row_major_strides, strided_offset
 from .scalar import I8, I32, const, llvm_type
 
 # Products with at least this many multiply-adds go to the host BLAS; smaller ones are loops
@@ -83,15 +83,6 @@ def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
     ldb, lda, ldc = slot(bi, ldb_v), slot(bi, lda_v), slot(bi, n)
     alpha, beta = slot(ety, 1.0), slot(ety, 0.0)
 
-    def batch_offset(t: ir.Value, strides: Sequence[int]) -> ir.Value:
-        off, inner = i64(0), 1
-        for d in reversed(range(len(bshape))):
-            if strides[d] and bshape[d] > 1:
-                idx = b.urem(b.udiv(t, i64(inner)), i64(bshape[d]))
-                off = b.add(off, b.mul(idx, i64(strides[d])))
-            inner *= bshape[d]
-        return off
-
     # Our threads split batches, each calling the BLAS single-threaded (the entry sets it so);
     # a lone product runs on the BLAS's own threads, which split it better than row blocks
     # (the operand each block shares is packed once, not per block), except in a module whose
@@ -105,8 +96,8 @@ def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
     if setter is not None:
         b.call(setter, [ir.Constant(I32, THREADS)])
     with for_range(b, lo, hi, name="batch") as t:
-        pa_t = b.gep(pa, [batch_offset(t, bsa)], inbounds=True)
-        pb_t = b.gep(pb, [batch_offset(t, bsb)], inbounds=True)
+        pa_t = b.gep(pa, [strided_offset(b, t, bshape, bsa)], inbounds=True)
+        pb_t = b.gep(pb, [strided_offset(b, t, bshape, bsb)], inbounds=True)
         pc_t = b.gep(c, [b.mul(t, i64(m * n))], inbounds=True)
         b.call(gemm, [trans_b, trans_a, mm, nn, kk, alpha, pb_t, ldb, pa_t, lda, beta, pc_t, ldc])
         if epilogue is not None:
