@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import threading
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from .. import cache
 from ..ir.module import Module
 from ..ir.verifier import plain_module
-from . import jit
+from . import jit, settings
 from .runtime import Executable
 
 if TYPE_CHECKING:
@@ -54,14 +53,12 @@ def emit_llvm(module: Module) -> str:
 def gemm_switches() -> tuple[bool, bool]:
     """gemm.ENABLED and gemm.LONE_PRODUCTS, without importing gemm when it is not loaded yet.
 
-    gemm reads EQSAT_GEMM at import ("0": off, "batched": batched products only, else all);
-    once it is loaded its attributes rule (tests set them), else the same rule is applied to
-    the environment (test_backend_cpu checks that both agree for every mode)."""
+    gemm reads them from the environment at import (settings.gemm_switches); once it is
+    loaded its attributes rule (tests set them)."""
     gemm = sys.modules.get(f"{__package__}.gemm")
     if gemm is not None:
         return bool(gemm.ENABLED), bool(gemm.LONE_PRODUCTS)
-    mode = os.environ.get("EQSAT_GEMM", "all")
-    return mode != "0", mode not in ("0", "batched")
+    return settings.gemm_switches()
 
 
 def threads() -> int:
@@ -69,7 +66,7 @@ def threads() -> int:
     parallel = sys.modules.get(f"{__package__}.parallel")
     if parallel is not None:
         return int(parallel.THREADS)
-    return max(1, min(os.cpu_count() or 1, 16))  # parallel.THREADS's own rule
+    return settings.default_threads()
 
 
 def cache_key(module: Module) -> str:

@@ -13,12 +13,11 @@ batches), each thread calling the BLAS single-threaded.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
-from . import blas
+from . import blas, settings
 from .jit import POOL_ENTRY, POOL_SYMBOL
 from .llvm_kernels import Kernel
 from .loops import for_range, i64
@@ -26,7 +25,7 @@ from .scalar import I8, I32, I64, declare
 
 # Bytes plus operations below which a kernel runs on the calling thread alone.
 PARALLEL_MIN_WORK = 1 << 22
-THREADS = max(1, min(os.cpu_count() or 1, 16))
+THREADS = settings.default_threads()
 # POOL_SYMBOL: void (i8* (i8*)* fn, i8* ctxs, i64 ctx_bytes, i32 n), bound to POOL_ENTRY
 CHUNKS_PER_THREAD = 4  # a kernel's extent is taken in this many chunks per thread
 MAX_WORKERS = 63  # shares beyond this many workers run on the calling thread

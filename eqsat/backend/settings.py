@@ -1,0 +1,19 @@
+"""The CPU backend's settings from the environment, in a module light enough for the cached
+compile path (which must not import the kernel builders to learn them)."""
+
+from __future__ import annotations
+
+import os
+
+
+def gemm_switches() -> tuple[bool, bool]:
+    """From EQSAT_GEMM: whether the generated GEMM takes float products at all, and lone
+    (unbatched) ones too: "all" (the default), "batched" (lone products on the BLAS), "0"
+    (every product on the BLAS)."""
+    mode = os.environ.get("EQSAT_GEMM", "all")
+    return mode != "0", mode not in ("0", "batched")
+
+
+def default_threads() -> int:
+    """How many threads kernels are split over: the cores, at most 16."""
+    return max(1, min(os.cpu_count() or 1, 16))
