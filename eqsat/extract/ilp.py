@@ -14,15 +14,12 @@ beat it in time.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import os
-import sys
 import time
 from typing import Any
 
 import numpy as np
 
+from ..extension import load_extension
 from .choice import Extraction, ExtractionError, dag_cost
 from .egraph import EGraph
 from .greedy import extract_greedy, tree_choice
@@ -220,23 +217,8 @@ def _highs() -> Any:
     needs) imports every solver and scipy.linalg, ~0.3 s on each cold optimize, while this
     one extension module loads in milliseconds. None where that does not work (another scipy
     layout): then `milp` is used."""
-    name = "scipy.optimize._highspy._core"
-    if name in sys.modules:
-        return sys.modules[name]
     try:
-        spec = importlib.util.find_spec("scipy")
-        where = [os.path.join(d, "optimize", "_highspy")
-                 for d in (spec.submodule_search_locations or ())] if spec else []
-        suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-        path = next(os.path.join(d, f) for d in where if os.path.isdir(d)
-                    for f in sorted(os.listdir(d))
-                    if f.startswith("_core.") and f.endswith(suffixes))
-        ext = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(ext)
-        ext.loader.exec_module(module)
-        # registered, so a later `import scipy.optimize` reuses it instead of loading it again
-        sys.modules[name] = module
-        return module
+        return load_extension("scipy.optimize._highspy._core")
     except Exception:
         return None
 

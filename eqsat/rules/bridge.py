@@ -21,17 +21,16 @@ computes that set and `extract_tree` is a simple tree-cost extractor built on it
 from __future__ import annotations
 
 import importlib.abc
-import importlib.machinery
 import importlib.util
 import json
 import math
-import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import Error
+from ..extension import load_extension
 from ..ir.module import Function, Module, Param, Stmt
 from ..ir.ops import INTS
 from ..ir.types import DTYPES, TensorType
@@ -54,17 +53,8 @@ def _load_bindings() -> Any:
 
         return native
     try:
-        spec = importlib.util.find_spec("egglog")
-        where = list(spec.submodule_search_locations or ()) if spec else []
-        suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-        path = next(os.path.join(d, f) for d in where for f in sorted(os.listdir(d))
-                    if f.startswith("bindings.") and f.endswith(suffixes))
-        ext = importlib.util.spec_from_file_location("egglog.bindings", path)
-        native = importlib.util.module_from_spec(ext)
-        sys.modules["egglog.bindings"] = native
-        ext.loader.exec_module(native)
+        native = load_extension("egglog.bindings")
     except Exception:  # an unusual install: the ordinary import always works
-        sys.modules.pop("egglog.bindings", None)
         from egglog import bindings as native
 
         return native
