@@ -89,7 +89,7 @@ def math_call(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
     ty = args[0].type
     if lib is not None:
         # inside a kernel's fast pass (loops.with_trig_fallback): sin/cos's cheap variant
-        fast = lib.active_fast_trig() if hasattr(lib, "active_fast_trig") else None
+        fast = lib.active_fast_trig()
         value = fast.call(b, name, args[0]) if fast is not None else None
         return value if value is not None else b.call(lib.define(b.module, name, ty), list(args))
     one = const(ty, 1.0)
