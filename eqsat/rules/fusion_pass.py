@@ -33,63 +33,21 @@ from dataclasses import dataclass
 from ..ir.fused import domain
 from ..ir.module import Stmt
 from ..ir.ops import OPS, OpTypeError, broadcastable, ops_in
-from ..ir.scalar_expr import (App, Arg, Expr, Lit, body_op_names, elementwise_body, merge,
-                              substitute)
+from ..ir.scalar_expr import Arg, merge, substitute
 from ..ir.types import TensorType
 from . import schema
-from .bridge import EGraph, ENode, Serialized, _list, const_term
+from .bridge import EGraph, ENode, _list, const_term
+from .fusion_graph import (MAX_FORMS, MAX_OPERANDS, FusionGraph, Kernel, body_size,
+                           canonical, same_domain)
 from .lang import RuleSet
 
 MAX_BODY_OPS = 16  # 24 cost 2x the saturation time on attention, for a costlier result
-MAX_OPERANDS = 8
-MAX_FORMS = 2  # per e-class, the largest map kernels used as consumers and as producers
 MAX_NEW = 5000  # new terms per run, at most
 CHUNK = 64  # egglog commands per program
 
 RULES = ("fuse_canonical", "fuse_producer", "fuse_broadcast", "fuse_constant", "fuse_reduce",
          "fuse_epilogue")
 _ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
-
-
-@dataclass(frozen=True)
-class Kernel:
-    """An elementwise computation: operand e-classes and a body over them."""
-
-    operands: tuple[str, ...]
-    body: Expr
-
-
-def body_size(e: Expr) -> int:
-    """The number of ops applied in a body."""
-    n, stack = 0, [e]
-    while stack:
-        x = stack.pop()
-        if isinstance(x, App):
-            n += 1
-            stack.extend(x.args)
-    return n
-
-
-def canonical(operands: tuple[str, ...], body: Expr, fixed: int = 0) -> Kernel:
-    """The kernel with equal operands merged and the rest numbered by first use (pre-order);
-    the first `fixed` operands keep their places (a matmul_epi's product)."""
-    order = list(operands[:fixed])
-    index = {c: i for i, c in enumerate(order)}
-    mapping: dict[int, Expr] = {i: Arg(i) for i in range(fixed)}
-    stack = [body]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, Arg) and e.index not in mapping:
-            c = operands[e.index]
-            if c not in index:
-                index[c] = len(order)
-                order.append(c)
-            mapping[e.index] = Arg(index[c])
-        elif isinstance(e, App):
-            stack.extend(reversed(e.args))
-    if tuple(order) == operands and all(a.index == i for i, a in mapping.items()):
-        return Kernel(operands, body)  # already canonical: substituting would rebuild it
-    return Kernel(tuple(order), substitute(body, mapping))
 
 
 @dataclass(frozen=True)
@@ -101,118 +59,6 @@ class Candidate:
     operands: tuple[str, ...]
     attrs: tuple[tuple[str, object], ...]
     rule: str
-
-
-class _Graph:
-    """The serialized e-graph, indexed for the pass."""
-
-    def __init__(self, ser: Serialized):
-        self.ser = ser
-        self.types = ser.types
-        self.elementwise = body_op_names()
-        self.existing = {(n.eclass, n.op, n.attrs, n.children) for n in ser.nodes.values()}
-        self._all: dict[str, list[tuple[frozenset[str], int]]] = {}
-        self._through: dict[str, Expr | str] = {}
-        self._normal: dict[tuple, tuple[Kernel, str]] = {}
-
-    def nodes(self, c: str) -> Iterator[ENode]:
-        for nid in self.ser.classes.get(c, ()):
-            yield self.ser.nodes[nid]
-
-    def core(self, c: str) -> list[Kernel]:
-        """The elementwise ops of class c as kernels."""
-        return [Kernel(n.children, elementwise_body(n.op)) for n in self.nodes(c)
-                if n.op in self.elementwise]
-
-    def dominated(self, c: str, k: Kernel) -> bool:
-        """Whether class c has a kernel reading no more operands with no more ops: it is never
-        costlier under a roofline (one launch each, fewer bytes and flops), so `k` is waste.
-        This also stops inlining around cycles (x = neg(neg(x)) after `neg_neg`)."""
-        if c not in self._all:
-            self._all[c] = [(frozenset(j.operands), body_size(j.body)) for j in self.core(c)] + [
-                (frozenset(n.children), body_size(dict(n.attrs)["body"]))
-                for n in self.nodes(c) if n.op == "map"]
-        ops, size = frozenset(k.operands), body_size(k.body)
-        return any(o <= ops and s <= size for o, s in self._all[c])
-
-    def kernels(self, c: str) -> list[Kernel]:
-        """The elementwise ops of class c as kernels, then its MAX_FORMS largest maps."""
-        core, maps = [], []
-        for n in self.nodes(c):
-            if n.op in self.elementwise:
-                core.append(Kernel(n.children, elementwise_body(n.op)))
-            elif n.op == "map":
-                maps.append(Kernel(n.children, dict(n.attrs)["body"]))
-        maps.sort(key=lambda k: (-body_size(k.body), len(k.operands)))
-        return core + maps[:MAX_FORMS]
-
-    def through(self, c: str) -> Expr | str:
-        """A constant operand's literal, or the smallest value a broadcast operand reads, or
-        the class itself."""
-        if c not in self._through:
-            self._through[c] = self._read_through(c)
-        return self._through[c]
-
-    def _read_through(self, c: str) -> Expr | str:
-        best = c
-        for n in self.nodes(c):
-            if n.op == "const":
-                return Lit(dict(n.attrs)["value"])
-            if n.op == "broadcast":
-                x = n.children[0]
-                if x in self.types and self.types[x].size < self.types[best].size:
-                    best = x
-        return best
-
-    def normal(self, k: Kernel, keep: tuple[int, ...] | None = None) -> tuple[Kernel, str]:
-        """The canonical kernel with constants inlined and broadcasts read through (both
-        always pay: fewer bytes read, nothing recomputed); `keep` is a map_reduce's index
-        space, which must not shrink. Also names the rule that changed it most."""
-        key = (k, keep)
-        if key not in self._normal:
-            self._normal[key] = self._normalize(k, keep)
-        return self._normal[key]
-
-    def _normalize(self, k: Kernel, keep: tuple[int, ...] | None) -> tuple[Kernel, str]:
-        rule = ""
-        for _ in range(MAX_OPERANDS * 4):
-            mapping: dict[int, Expr] = {}
-            ops = list(k.operands)
-            for i, c in enumerate(k.operands):
-                if c not in self.types:
-                    continue
-                new = self.through(c)
-                if isinstance(new, Lit):
-                    mapping[i] = new
-                    rule = rule or "fuse_constant"
-                elif new != c:
-                    trial = ops[:i] + [new] + ops[i + 1:]
-                    if keep is not None and not _same_domain(self, trial, keep):
-                        continue
-                    ops = trial
-                    rule = "fuse_broadcast"
-            if not mapping and ops == list(k.operands):
-                break
-            k = Kernel(tuple(ops), substitute(k.body, mapping) if mapping else k.body)
-        return canonical(k.operands, k.body), rule
-
-    def producers(self, c: str) -> Iterator[Kernel]:
-        """What an operand of class c can be inlined as: its elementwise kernels (none for a
-        constant, which `normal` inlines as a literal)."""
-        if not isinstance(self.through(c), Lit):
-            yield from self.kernels(c)
-
-    def typed(self, cs: tuple[str, ...]) -> list[TensorType] | None:
-        ts = [self.types.get(c) for c in cs]
-        return None if any(t is None for t in ts) else ts  # type: ignore[return-value]
-
-
-def _same_domain(g: _Graph, operands: list[str], shape: tuple[int, ...]) -> bool:
-    ts = g.typed(tuple(operands))
-    try:
-        return ts is not None and domain(ts) == tuple(shape)
-    except OpTypeError:
-        return False
 
 
 def _small(k: Kernel) -> bool:
@@ -257,7 +103,7 @@ class FusionPass:
             return counts
         t0 = time.perf_counter()
         eg.run(_ANALYSIS)  # terms of the last round get their types first
-        g = _Graph(eg.serialize())
+        g = FusionGraph(eg.serialize())
         self._overhead = time.perf_counter() - t0
         found: dict[tuple, Candidate] = {}
         limit, size = min(MAX_NEW, budget), 0
@@ -296,7 +142,7 @@ class FusionPass:
 
     # -------------------------------------------------------------- what to add
 
-    def _candidates(self, g: _Graph, seen: set) -> Iterator[Candidate]:
+    def _candidates(self, g: FusionGraph, seen: set) -> Iterator[Candidate]:
         reducers = ops_in("reduce")
         for c in list(g.ser.classes):
             t = g.types.get(c)
@@ -314,7 +160,7 @@ class FusionPass:
             for n in mrs[:MAX_FORMS]:
                 yield from self._into_map_reduce(g, c, t, n, seen)
 
-    def _map(self, g: _Graph, c: str, t: TensorType, k: Kernel, rule: str
+    def _map(self, g: FusionGraph, c: str, t: TensorType, k: Kernel, rule: str
              ) -> Candidate | None:
         k, normal = g.normal(k)
         ins = g.typed(k.operands)
@@ -326,7 +172,7 @@ class FusionPass:
             return None
         return Candidate(c, "map", k.operands, (("body", k.body),), normal or rule)
 
-    def _maps(self, g: _Graph, c: str, t: TensorType, k: Kernel, seen: set
+    def _maps(self, g: FusionGraph, c: str, t: TensorType, k: Kernel, seen: set
               ) -> Iterator[Candidate]:
         if (c, k) in seen:
             return  # an unchanged consumer was combined with its producers then
@@ -351,7 +197,7 @@ class FusionPass:
         for i in range(n):
             yield from self._epilogue(g, c, t, k, i)
 
-    def _epilogue(self, g: _Graph, c: str, t: TensorType, k: Kernel, i: int
+    def _epilogue(self, g: FusionGraph, c: str, t: TensorType, k: Kernel, i: int
                   ) -> Iterator[Candidate]:
         oc = k.operands[i]
         if g.types.get(oc) != t:
@@ -375,7 +221,7 @@ class FusionPass:
                 continue
             yield Candidate(c, "matmul_epi", operands, tuple(attrs.items()), "fuse_epilogue")
 
-    def _reduce(self, g: _Graph, c: str, t: TensorType, n: ENode, seen: set
+    def _reduce(self, g: FusionGraph, c: str, t: TensorType, n: ENode, seen: set
                 ) -> Iterator[Candidate]:
         (x,) = n.children
         xt = g.types.get(x)
@@ -387,7 +233,7 @@ class FusionPass:
                 seen.add((c, n.op, k))
                 yield from self._map_reduce(g, c, t, k, attrs, xt.shape, "fuse_reduce")
 
-    def _into_map_reduce(self, g: _Graph, c: str, t: TensorType, n: ENode, seen: set
+    def _into_map_reduce(self, g: FusionGraph, c: str, t: TensorType, n: ENode, seen: set
                          ) -> Iterator[Candidate]:
         attrs = dict(n.attrs)
         ins = g.typed(n.children)
@@ -404,14 +250,14 @@ class FusionPass:
                 fused = Kernel(k.operands[:i] + k.operands[i + 1:] + p.operands, body)
                 yield from self._map_reduce(g, c, t, fused, attrs, shape, "fuse_producer")
 
-    def _map_reduce(self, g: _Graph, c: str, t: TensorType, k: Kernel, attrs: dict,
+    def _map_reduce(self, g: FusionGraph, c: str, t: TensorType, k: Kernel, attrs: dict,
                     shape: tuple[int, ...], rule: str) -> Iterator[Candidate]:
         # a smaller index space would reduce fewer values: it must stay `shape`
-        if not _same_domain(g, list(k.operands), shape):
+        if not same_domain(g, list(k.operands), shape):
             return
         k, normal = g.normal(k, keep=tuple(shape))
         ins = g.typed(k.operands)
-        if not _small(k) or ins is None or not _same_domain(g, list(k.operands), shape):
+        if not _small(k) or ins is None or not same_domain(g, list(k.operands), shape):
             return
         attrs = dict(attrs, body=k.body)
         if _infers("map_reduce", ins, attrs, t):
@@ -421,7 +267,7 @@ class FusionPass:
 
     # -------------------------------------------------------------- egglog program
 
-    def _program(self, eg: EGraph, g: _Graph, cands: list[Candidate]
+    def _program(self, eg: EGraph, g: FusionGraph, cands: list[Candidate]
                  ) -> tuple[list[str], list[Candidate]]:
         """The egglog commands adding `cands` (the `let`s they need, then one `union` each),
         and the candidates in the order of their unions."""
@@ -442,7 +288,7 @@ class FusionPass:
 class _Refs:
     """egglog names for e-classes: each bound by `let` to a term of least height."""
 
-    def __init__(self, owner: FusionPass, eg: EGraph, g: _Graph):
+    def __init__(self, owner: FusionPass, eg: EGraph, g: FusionGraph):
         self.owner, self.eg, self.g = owner, eg, g
         self.names: dict[str, str] = {}
         self.lines: list[str] = []
