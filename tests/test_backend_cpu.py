@@ -208,6 +208,24 @@ def test_reductions_over_every_axis_set(dtype: DType) -> None:
     assert_matches(got, want, ulps=8, rtol=1e-6)
 
 
+
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f64], ids=str)
+def test_vectorized_max_and_min_propagate_nan_from_any_lane(dtype: DType) -> None:
+    """Rows long enough for the vector accumulators: a NaN in any lane or any step of the
+    loop (or in the tail) makes the row's max and min NaN, as numpy's; infinities count."""
+    n = 203
+    text = (f"module @m\nfunc @f(%x: {dtype}[{n},{n}]) -> ({dtype}[{n}], {dtype}[{n}]) {{\n"
+            f"  %a = max %x, axes=[1] : {dtype}[{n}]\n  %b = min %x, axes=[1] : {dtype}[{n}]\n"
+            "  return %a, %b\n}")
+    x = np.random.default_rng(3).standard_normal((n, n)).astype(dtype.np)
+    for row in range(0, n, 3):
+        x[row, (row * 7) % n] = np.nan
+    x[1, 5], x[2, 200], x[4, 0] = np.inf, -np.inf, np.inf
+    x[5, :] = -0.0
+    got, want = run_both(parse(text), "f", x)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
 @pytest.mark.parametrize("dtype", [DType.f32, DType.f64, DType.i32, DType.i64], ids=str)
 @pytest.mark.parametrize("shapes", [((5, 3), (3, 7)), ((2, 3, 4), (2, 4, 1)),
                                     ((96, 64), (64, 80)), ((2, 72, 64), (2, 64, 72)),

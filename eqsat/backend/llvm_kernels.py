@@ -232,8 +232,8 @@ def concat(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
 # ---------------------------------------------------------------- reductions
 
 _FLOAT_COMBINE = {"sum": lambda b, a, x: b.fadd(a, x, flags=("reassoc", "nsz")),
-                  "max": lambda b, a, x: intrinsic(b, "maximum", a, x),
-                  "min": lambda b, a, x: intrinsic(b, "minimum", a, x)}
+                  "max": lambda b, a, x: intrinsic(b, "maximum", a, x, flags=("nsz",)),
+                  "min": lambda b, a, x: intrinsic(b, "minimum", a, x, flags=("nsz",))}
 _INT_COMBINE = {"sum": lambda b, a, x: b.add(a, x),
                 "max": lambda b, a, x: intrinsic(b, "smax", a, x),
                 "min": lambda b, a, x: intrinsic(b, "smin", a, x)}

@@ -62,11 +62,12 @@ def _suffix(ty: ir.Type) -> str:
     return f"i{ty.width}"
 
 
-def intrinsic(b: ir.IRBuilder, name: str, *args: ir.Value) -> ir.Value:
-    """Call `llvm.<name>.<type>` on scalars of one type."""
+def intrinsic(b: ir.IRBuilder, name: str, *args: ir.Value,
+              flags: tuple[str, ...] = ()) -> ir.Value:
+    """Call `llvm.<name>.<type>` on scalars of one type, with fast-math `flags`."""
     ty = args[0].type
     fn = declare(b.module, f"llvm.{name}.{_suffix(ty)}", ty, [a.type for a in args])
-    return b.call(fn, list(args))
+    return b.call(fn, list(args), fastmath=flags)
 
 
 # False makes every math function an LLVM intrinsic (scalar libm calls): a reference point.
