@@ -90,52 +90,6 @@ def with_function_attributes(text: str) -> str:
     return _DEFINE.sub(lambda m: m.group(1) + attr, text)
 
 
-_INTERNAL = re.compile(r'^define internal [^@\n]*@"([^"]+)"')
-
-
-def merge_duplicates(text: str) -> str:
-    """LLVM IR text with internal functions whose bodies are equal (up to their own name) kept
-    once, every reference to a copy pointing at the one kept.
-
-    Modules have several functions that run the same kernel on the same shapes (a forward
-    value recomputed by the gradient function); each copy would cost its own share of the
-    pipeline and code generation (a matmul kernel: 0.1-0.2 s). Merging repeats until no pair is
-    left, as wrappers of merged kernels become equal in turn. Text of an unfamiliar shape
-    comes back unchanged.
-    """
-    blocks = re.split(r"\n(?=define )", text)
-    if any(not b.startswith("define ") or "\n}" not in b for b in blocks[1:]):
-        return text
-    removed: list[str] = []
-    while True:
-        seen: dict[str, str] = {}
-        rename: dict[str, str] = {}
-        for b in blocks[1:]:
-            m = _INTERNAL.match(b)
-            if m is None:
-                continue  # an entry point, or a tail left by a removed function
-            end = b.find("\n}")
-            name = m.group(1)
-            key = b[:end].replace(f'@"{name}"', '@"\0"')
-            if key in seen:
-                rename[name] = seen[key]
-            else:
-                seen[key] = name
-        if not rename:
-            break
-        removed.extend(rename)
-        ref = re.compile('@"(' + "|".join(re.escape(n) for n in rename) + ')"')
-        # a removed function's block keeps what follows its body (declarations, metadata)
-        kept = [b[b.find("\n}") + 2:] if (m := _INTERNAL.match(b)) and m.group(1) in rename
-                else b for b in blocks[1:]]
-        blocks = [ref.sub(lambda m: f'@"{rename[m.group(1)]}"', b) for b in [blocks[0], *kept]]
-    out = "\n".join(blocks)
-    # a reference in a form not rewritten above would leave an undefined symbol
-    if any(f'"{n}"' in out or f"@{n}" in out for n in removed):
-        return text
-    return out
-
-
 # The new pass manager's -O level, and whether its loop unroller runs. O2 has the same loop and
 # SLP vectorizers as O3 (the vectorizer still interleaves the loops it vectorizes); the hot
 # loops are vectorized by hand or by it, and unrolling them further bought nothing measurable
@@ -152,9 +106,14 @@ UNROLL_LOOPS = False
 
 def optimize(text: str) -> llvm.ModuleRef:
     """Parse, verify and run the optimization pipeline (`SPEED_LEVEL`, loop and SLP
-    vectorization, unrolling as `UNROLL_LOOPS`) over LLVM IR text, duplicates merged first."""
+    vectorization, unrolling as `UNROLL_LOOPS`) over LLVM IR text, duplicates merged first.
+
+    Modules have several functions that run the same kernel on the same shapes (a forward
+    value recomputed by the gradient function); merged first (callers of a copy call the kept
+    one; a copy whose address is taken becomes a one-call thunk), each kernel costs the
+    pipeline and code generation (a matmul: 0.1-0.2 s) once."""
     _init()
-    mod = llvm.parse_assembly(with_function_attributes(merge_duplicates(text)))
+    mod = llvm.parse_assembly(with_function_attributes(text))
     mod.verify()
     tm = target_machine()
     pto = llvm.create_pipeline_tuning_options(speed_level=SPEED_LEVEL)
@@ -162,8 +121,17 @@ def optimize(text: str) -> llvm.ModuleRef:
     pto.slp_vectorization = True
     pto.loop_unrolling = UNROLL_LOOPS
     pb = llvm.create_pass_builder(tm, pto)
+    merge_functions(mod, pb)
     pb.getModulePassManager().run(mod, pb)
     return mod
+
+
+def merge_functions(mod: llvm.ModuleRef, pb: llvm.PassBuilder) -> None:
+    """Keep one body of functions that are equal (LLVM's MergeFunctions), drop the rest."""
+    merge = llvm.ModulePassManager()
+    merge.add_merge_functions_pass()
+    merge.add_global_dead_code_eliminate_pass()
+    merge.run(mod, pb)
 
 
 def compile_object(text: str) -> bytes:
