@@ -14,7 +14,7 @@ from ..ir.types import TensorType
 from . import blas
 from .llvm_kernels import KERNELS, Kernel, KernelBuilder, _load, _store
 from .loops import for_range, i64, row_major_strides, strided_offset
-from .scalar import I8, I32, const, llvm_type
+from .scalar import I8, I32, LoweringError, const, llvm_type
 
 # Products with at least this many multiply-adds go to the host BLAS; smaller ones are loops
 # (a BLAS call costs about a microsecond before it does any work).
@@ -38,17 +38,24 @@ Layout = list[int]  # element strides of an operand read in place (a transpose's
 def _gemm_operand(shape: Sequence[int], trans: bool, view: Layout | None
                   ) -> tuple[bool, int, list[int]]:
     """(transposed, leading dimension, batch strides) of a gemm operand of logical `shape`
-    (after `trans`): stored contiguously, or read in place through `view`'s strides."""
+    (after `trans`): stored contiguously, or read in place through `view`'s strides, which
+    must pass `gemm_layout_ok` (the BLAS needs one matrix axis contiguous; any other layout
+    would be read as if it were transposed, silently wrong)."""
     if view is None:
         rows, cols = shape[-2:]  # as stored: transposed, cols x rows
         return trans, (rows if trans else cols), row_major_strides(shape)[:-2]
+    if not gemm_layout_ok(view, shape):
+        raise LoweringError(f"internal error: the BLAS cannot read an operand of shape "
+                            f"{list(shape)} in place through strides {list(view)} (see "
+                            f"gemm_layout_ok)")
     r, c = view[-2:]
     return (False, r, view[:-2]) if c == 1 else (True, c, view[:-2])
 
 
 def gemm_layout_ok(view: Layout, shape: Sequence[int]) -> bool:
     """Whether gemm can read an operand of `shape` through strides `view` in place: one of its
-    two matrix axes contiguous, the other a valid leading dimension."""
+    two matrix axes contiguous, the other a valid leading dimension. The host BLAS needs this
+    (`_gemm_operand` refuses other layouts); the generated GEMM reads any strides."""
     (rows, cols), (r, c) = shape[-2:], view[-2:]
     return (c == 1 and r >= max(1, cols)) or (r == 1 and c >= max(1, rows))
 
