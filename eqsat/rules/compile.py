@@ -2,7 +2,10 @@
 
 Values a right-hand side needs but cannot name (the dtype of a new broadcast, the shape behind
 `like=`, a computed constant) are bound in the rule's `:when` facts, so a rule whose computation
-fails (a division by zero, a missing shape) simply does not fire.
+fails (a division by zero, a missing shape) simply does not fire. A computed int list
+(`shape=permute(?s, ?p)`) is read from the schema's helper function (`permuted`), which the
+analysis fills only on demand: each one also gets a companion analysis rule that matches the
+same left side and asks for the value, so it is ready before the rewrite runs.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from ..ir.ops import INTS, OPS
 from ..ir.types import DTYPES
 from . import schema
 from .bridge import _float, _vec
-from .lang import Arith, Cond, Fn, Node, Num, Pattern, Rule, RuleSet, Var
+from .lang import Arith, Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
 
 
 def _v(name: str) -> str:
@@ -26,6 +29,8 @@ class _Compiler:
         self.rule = rule
         self.facts: list[str] = []
         self.n = 0
+        # (facts the value needs, action asking the analysis for it), one per ShapeFn
+        self.demands: list[tuple[list[str], str]] = []
 
     def fresh(self, prefix: str = "w") -> str:
         self.n += 1
@@ -40,6 +45,8 @@ class _Compiler:
     def attr(self, v: Any, kind: str) -> str:
         if isinstance(v, Var):
             return _v(v.name)
+        if isinstance(v, ShapeFn):
+            return self.shape_fn(v)
         if kind in schema.ATTR_CODECS:  # e.g. a fused kernel's body, stored as its text
             return json.dumps(schema.ATTR_CODECS[kind][0](v))
         if kind == INTS:
@@ -141,6 +148,13 @@ class _Compiler:
             return self.attr(attrs["dtype"], "")
         return self.bound(f"(dtype {_v(attrs['like'].name)})")
 
+    def shape_fn(self, f: ShapeFn) -> str:
+        """A query variable holding `f`'s value; inner calls are bound (and demanded) first."""
+        args = [self.attr(a, INTS) for a in f.args]
+        function, demand = schema.SHAPE_FN_EGGLOG[f.name]
+        self.demands.append((list(self.facts), demand.format(*args)))
+        return self.bound(f"({function} {' '.join(args)})")
+
     # ------------------------------------------------------------------ conditions
 
     def term(self, t: Any) -> str:
@@ -184,7 +198,8 @@ def _cons(items: list[str]) -> str:
 
 
 def compile_rule(rule: Rule) -> str:
-    """The egglog command for one rule (in the analysis or the rewrite ruleset)."""
+    """The egglog commands for one rule (in the analysis or the rewrite ruleset): the rewrite,
+    preceded by the analysis rules that compute its shape functions' values."""
     c = _Compiler(rule)
     lhs = c.lhs(rule.lhs)
     for cond in rule.conds:
@@ -192,7 +207,10 @@ def compile_rule(rule: Rule) -> str:
     rhs = c.rhs(rule.rhs)
     ruleset = schema.ANALYSIS if rule.kind == "analysis" else schema.REWRITE
     when = f" :when ({' '.join(c.facts)})" if c.facts else ""
-    return f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} :name "{rule.name}")'
+    needs = [f"(rule ((= _root {lhs}) {' '.join(facts)}) ({action}) :ruleset {schema.ANALYSIS} "
+             f':name "{rule.name}/need{i}")' for i, (facts, action) in enumerate(c.demands)]
+    return "\n".join(needs + [f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} '
+                               f':name "{rule.name}")'])
 
 
 def compile_ruleset(rules: RuleSet) -> str:

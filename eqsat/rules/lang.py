@@ -8,11 +8,16 @@ side matches anything. Ops whose result type is written (broadcast, reshape, cas
 `shape=`, `dtype=` or `like=?x` (the type of `?x`). `const(VALUE)` matches a float constant
 of that value (`const(1)` an integer one); `const(?c)` binds its value, and a right-hand const
 may compute one: `const(?a + ?b, like=?x)`, `const(size(?s), like=?x)`.
+A right-hand int-list attribute (`shape=`, `perm=`, ...) may be computed from int lists bound
+on the left (`?s`, `?p`) or written (`[1,0]`) by the functions of `SHAPE_FNS`:
+`shape=permute(?s, ?p)` (`?s` reordered by `?p`, as a transpose reorders a shape) and
+`inverse(?p)` (the permutation undoing `?p`); they nest: `permute(?s, inverse(?p))`.
 Conditions compare `shape(?x)`, `rank(?x)`, `dim(?x, i)`, `size(?x)`, `dtype(?x)`, `len(?p)`,
 integers and dtype names with `== != < <= > >=`, or test `is_float(?x)`.
 
 In Python: `Rule("mul_one", "mul(?x, const(1.0))", "?x")`, or build patterns with
-`op.mul(var("x"), op.const(1.0))`. `parse(text)` returns a `RuleSet`; RuleSets add with `+`.
+`op.mul(var("x"), op.const(1.0))` (computed attributes: `shape=shape_fn("permute", var("s"),
+var("p"))`). `parse(text)` returns a `RuleSet`; RuleSets add with `+`.
 Everything is checked when it is built: unknown ops, wrong arity, unknown or malformed
 attributes, right-side variables not bound on the left, and dtype-kind errors (a bool where a
 number is needed) raise `ParseError` with the line and column of the offending text.
@@ -20,7 +25,7 @@ number is needed) raise `ParseError` with the line and column of the offending t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -69,8 +74,87 @@ class Arith:
 
 
 @dataclass(frozen=True)
+class ShapeFnDef:
+    """A function computing an int list (a shape, a permutation) from int lists."""
+
+    name: str
+    arity: int
+    impl: Callable[..., tuple[int, ...]]  # the reference semantics (used by `check`)
+    doc: str
+
+
+def _in_range(i: int, n: int) -> int:
+    if not 0 <= i < n:
+        raise ValueError(f"index {i} out of range for length {n}")
+    return i
+
+
+# Reference semantics, step for step those of the egglog helpers (so that `check` tests what
+# the e-graph computes): undefined, and the rule does not fire, where an index is out of range.
+def _permute(s: tuple[int, ...], p: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(s[_in_range(i, len(s))] for i in p)
+
+
+def _inverse(p: tuple[int, ...]) -> tuple[int, ...]:
+    inv = list(p)
+    for i, j in enumerate(p):
+        inv[_in_range(j, len(p))] = i
+    return tuple(inv)
+
+
+# The functions a right-hand int-list attribute may apply (each has an egglog twin in
+# schema.SHAPE_FN_EGGLOG); every argument is an int list.
+SHAPE_FNS: dict[str, ShapeFnDef] = {d.name: d for d in (
+    ShapeFnDef("permute", 2, _permute, "permute(s, p): s reordered by p, [s[i] for i in p]"),
+    ShapeFnDef("inverse", 1, _inverse, "inverse(p): the permutation q with q[p[i]] = i"),
+)}
+
+
+@dataclass(frozen=True)
+class ShapeFn:
+    """A computed right-hand int-list attribute, `fn(args)`; an argument is a Var bound to an
+    int list, a literal tuple, or another ShapeFn."""
+
+    name: str
+    args: tuple[Any, ...]
+    pos: Pos = field(default=(0, 0), compare=False)
+
+    def evaluate(self, env: Callable[[Var], tuple[int, ...]]) -> tuple[int, ...]:
+        """Its value, reading variables through `env`; ValueError where it is undefined."""
+        vals = [a.evaluate(env) if isinstance(a, ShapeFn) else env(a) if isinstance(a, Var)
+                else tuple(a) for a in self.args]
+        return SHAPE_FNS[self.name].impl(*vals)
+
+    def __str__(self) -> str:
+        args = ("[" + ",".join(map(str, a)) + "]" if isinstance(a, tuple) else str(a)
+                for a in self.args)
+        return f"{self.name}({', '.join(args)})"
+
+
+def shape_fn(name: str, *args: Any) -> ShapeFn:
+    """A computed int-list attribute for the Python API: `shape_fn("permute", var("s"),
+    var("p"))` is `permute(?s, ?p)`; lists may stand for literal arguments."""
+    d = SHAPE_FNS.get(name)
+    if d is None:
+        raise ParseError(f"unknown shape function {name!r} (known: {', '.join(SHAPE_FNS)})",
+                         0, 0)
+    if len(args) != d.arity:
+        raise ParseError(f"{name}() takes {d.arity} argument(s), got {len(args)}", 0, 0)
+    fixed = []
+    for a in args:
+        if isinstance(a, (list, tuple)) and all(isinstance(i, int) for i in a):
+            a = tuple(a)
+        elif not isinstance(a, (Var, ShapeFn)):
+            raise ParseError(f"{name}() takes int lists (a ?variable, a list of ints or another "
+                             f"shape function), not {a!r}", 0, 0)
+        fixed.append(a)
+    return ShapeFn(name, tuple(fixed))
+
+
+@dataclass(frozen=True)
 class Node:
-    """`op(args, attr=value, ...)`; attribute values are ints tuples, ints, dtype names or Vars."""
+    """`op(args, attr=value, ...)`; attribute values are ints tuples, ints, dtype names, Vars
+    or (right side) ShapeFns."""
 
     op: str
     args: tuple[Pattern, ...] = ()

@@ -1,6 +1,13 @@
 """The layout family: transpose and reshape chains compose and cancel, transposes move through
 elementwise ops and broadcasts, and transposes of a matmul's operands fold into `matmul_t`
 (ta / tb read the operand transposed), so extraction chooses where data is physically rearranged.
+
+Through a broadcast (same rank, or from a scalar), in both directions, with the written shape
+computed by the rule language's shape functions:
+`transpose(broadcast(?x, shape=?s), perm=?p) => broadcast(transpose(?x, perm=?p),
+shape=permute(?s, ?p))`, and back with `permute(?s, inverse(?p))`. Moving the transpose inside
+makes it copy the small operand instead of the broadcast result (a broadcast is a view; a
+transpose is not), and a scalar's broadcast drops the transpose entirely.
 """
 
 from __future__ import annotations
@@ -18,6 +25,17 @@ rule transpose_identity3: transpose(?x, perm=[0,1,2]) => ?x
 rule reshape_reshape: reshape(reshape(?x, shape=?s), shape=?t) => reshape(?x, shape=?t)
 rule reshape_const: reshape(const(?a, dtype=?d), shape=?s) => const(?a, dtype=?d, shape=?s)
 rule sum_transpose: sum(transpose(?x, perm=[1,0]), axes=[0,1]) => sum(?x, axes=[0,1])
+"""
+
+# A transpose commutes with a broadcast that adds no axes (each size-1 axis stretches wherever
+# the permutation puts it), the written shape permuted along; a scalar's broadcast needs no
+# transpose at all. The reverse direction lets a transpose leave a broadcast to meet another
+# transpose (an elementwise partner, a matmul operand); the two directions are inverse
+# rewrites, so together they add one e-node per match rather than chains.
+BROADCAST = """
+rule transpose_bcast: transpose(broadcast(?x, shape=?s), perm=?p) => broadcast(transpose(?x, perm=?p), shape=permute(?s, ?p)) if rank(?x) == len(?s)
+rule transpose_bcast_scalar: transpose(broadcast(?x, shape=?s), perm=?p) => broadcast(?x, shape=permute(?s, ?p)) if rank(?x) == 0
+rule bcast_transpose: broadcast(transpose(?x, perm=?p), shape=?s) => transpose(broadcast(?x, shape=permute(?s, inverse(?p))), perm=?p) if rank(?x) == len(?s)
 """
 
 
@@ -45,6 +63,7 @@ def _through_elementwise() -> str:
 
 
 def layout() -> RuleSet:
-    """The layout rule set (transpose/reshape chains, transposes through elementwise ops,
-    transposed matmul operands)."""
-    return parse("\n".join([CHAINS, _through_elementwise(), _into_matmul_t()]), "layout")
+    """The layout rule set (transpose/reshape chains, transposes through elementwise ops and
+    broadcasts, transposed matmul operands)."""
+    return parse("\n".join([CHAINS, BROADCAST, _through_elementwise(), _into_matmul_t()]),
+                 "layout")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import ParseError
 from ..ir.ops import OPS
 from ..ir.types import DTYPES
-from .lang import COND_FNS, Arith, Cond, Fn, Node, Num, Pattern, Pos, Rule, Var
+from .lang import (COND_FNS, SHAPE_FNS, Arith, Cond, Fn, Node, Num, Pattern, Pos, Rule, ShapeFn,
+                   Var)
 
 _TOKEN = re.compile(r"""
     (?P<ws>[ \t\r\f\v]+) | (?P<nl>\n) | (?P<comment>\#[^\n]*)
@@ -156,17 +158,51 @@ class RuleParser:
         if t.kind == "var":
             self.next()
             return Var(t.text[1:], self.pos(t))
-        if self.accept("["):
-            vals: list[int] = []
-            while not self.accept("]"):
-                if vals:
-                    self.expect(",", "',' or ']'")
-                vals.append(self.integer())
-            return tuple(vals)
+        if t.text == "[":
+            return self.int_list()
         if t.kind == "ident" and t.text in DTYPES:
             self.next()
             return t.text
+        if t.kind == "ident" and self.toks[self.i + 1].text == "(":
+            return self.shape_fn()
         return self.integer()
+
+    def int_list(self) -> tuple[int, ...]:
+        self.expect("[")
+        vals: list[int] = []
+        while not self.accept("]"):
+            if vals:
+                self.expect(",", "',' or ']'")
+            vals.append(self.integer())
+        return tuple(vals)
+
+    # computed int lists: permute(?s, ?p), inverse([1,2,0]), permute(?s, inverse(?p))
+    def shape_fn(self) -> ShapeFn:
+        t = self.next()
+        d = SHAPE_FNS.get(t.text)
+        if d is None:
+            raise self.error(f"unknown shape function {t.text!r} (known: "
+                             f"{', '.join(SHAPE_FNS)})", t)
+        self.expect("(")
+        args: list[Any] = []
+        while not self.accept(")"):
+            if args:
+                self.expect(",", "',' or ')'")
+            a = self.tok
+            if a.kind == "var":
+                self.next()
+                args.append(Var(a.text[1:], self.pos(a)))
+            elif a.text == "[":
+                args.append(self.int_list())
+            elif a.kind == "ident" and self.toks[self.i + 1].text == "(":
+                args.append(self.shape_fn())
+            else:
+                got = "end of line" if a.kind in ("nl", "eof") else repr(a.text)
+                raise self.error(f"{t.text}() takes int lists (?s, [1,0] or a shape "
+                                 f"function), got {got}", a)
+        if len(args) != d.arity:
+            raise self.error(f"{t.text}() takes {d.arity} argument(s), got {len(args)}", t)
+        return ShapeFn(t.text, tuple(args), self.pos(t))
 
     def integer(self) -> int:
         neg = self.accept("-")

@@ -102,6 +102,11 @@ _HELPERS = f"""
 (rule ((perm-go s p i acc) (< i (vec-length p)) (= j (vec-get p i)) (= d (vec-get s j)))
       ((perm-go s p (+ i 1) (vec-push acc d))) :ruleset {ANALYSIS})
 (rule ((perm-go s p i acc) (= i (vec-length p))) ((set (permuted s p) acc)) :ruleset {ANALYSIS})
+(relation inv-go (IntVec i64 IntVec))
+(function inverted (IntVec) IntVec :no-merge)
+(rule ((inv-go p i acc) (< i (vec-length p)) (= j (vec-get p i)) (>= j 0) (< j (vec-length p)))
+      ((inv-go p (+ i 1) (vec-set acc j i))) :ruleset {ANALYSIS})
+(rule ((inv-go p i acc) (= i (vec-length p))) ((set (inverted p) acc)) :ruleset {ANALYSIS})
 (relation red-go (IntVec IntVec i64 IntVec))
 (function reduced (IntVec IntVec) IntVec :no-merge)
 (rule ((red-go s ax i acc) (< i (vec-length s)) (vec-contains ax i))
@@ -134,6 +139,14 @@ _HELPERS = f"""
 (int-dtype "i64")
 (int-dtype "bool")
 """
+
+
+# The egglog twin of each rule-language shape function (lang.SHAPE_FNS): the function that
+# holds its value, and the action that asks the analysis to compute it for arguments {0}, {1}.
+SHAPE_FN_EGGLOG: dict[str, tuple[str, str]] = {
+    "permute": ("permuted", "(perm-go {0} {1} 0 (vec-empty))"),
+    "inverse": ("inverted", "(inv-go {0} 0 {0})"),
+}
 
 
 def _args(enc: Encoding) -> tuple[list[str], dict[str, str]]:

@@ -12,7 +12,7 @@ from ..errors import ParseError
 from ..ir.ops import CALLEE, INT, INTS, OPS
 from ..ir.types import DTYPES
 from . import schema
-from .lang import WRITTEN_ATTRS, Arith, Cond, Fn, Node, Num, Pattern, Rule, Var
+from .lang import WRITTEN_ATTRS, Arith, Cond, Fn, Node, Num, Pattern, Rule, ShapeFn, Var
 
 ANY = frozenset({"bool", "int", "float"})
 NUM = frozenset({"int", "float"})
@@ -118,6 +118,8 @@ class _Checker:
                     raise self.fail(f"{p.op} cannot appear in rules", p)
                 if isinstance(v, Var):
                     self.bind(v, "ints" if kind == INTS else "int", lhs)
+                elif kind == INTS and isinstance(v, ShapeFn):
+                    self.shape_fn(v, lhs)
                 elif kind == INTS and not isinstance(v, tuple):
                     raise self.fail(f"attribute {key} of {p.op} takes a list like [0,1]", p)
                 elif kind == INT and not isinstance(v, int):
@@ -154,12 +156,28 @@ class _Checker:
         elif key == "shape":
             if isinstance(v, Var):
                 self.bind(v, "ints", lhs)
+            elif isinstance(v, ShapeFn):
+                self.shape_fn(v, lhs)
             elif not isinstance(v, tuple):
                 raise self.fail("shape= takes a list like [2,3] or a variable", p)
         elif isinstance(v, Var):
             self.bind(v, "dtype", lhs)
         elif v not in DTYPES:
             raise self.fail(f"dtype= takes one of {', '.join(DTYPES)}", p)
+
+    def shape_fn(self, f: ShapeFn, lhs: bool) -> None:
+        if lhs:
+            raise self.fail(f"{f.name}() computes an attribute: it belongs on the right-hand "
+                            f"side (bind the attribute to a ?variable on the left)", f)
+        for a in f.args:
+            if isinstance(a, ShapeFn):
+                self.shape_fn(a, lhs)
+            elif isinstance(a, Var):
+                sort = self.sorts.get(a.name)
+                if sort not in (None, "ints"):
+                    raise self.fail(f"{f.name}() takes int lists (shapes, permutations), but "
+                                    f"?{a.name} is bound as {sort}", a)
+                self.bind(a, "ints", lhs)
 
     def value(self, v: Any, lhs: bool, where: Node) -> None:
         if isinstance(v, Num):
