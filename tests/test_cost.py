@@ -10,6 +10,7 @@ import eqsat
 from eqsat.extract import (CUDA, TARGETS, EGraph, Roofline, Work, cost_model, function_costs,
                            module_cost, node_costs, work)
 from eqsat.extract import machine
+from eqsat.extract.cost import OVERLAP, body_flops
 from eqsat.ir import DType
 
 f32 = DType.f32
@@ -223,3 +224,29 @@ def test_cpu_target_uses_the_measured_rates():
     model = cost_model("cpu")
     assert model.name == "cpu" and model.peak_flops > 0 and model.bandwidth > 0
     assert module_cost(mod(CHAIN), "cpu") > 0
+
+
+def test_roofline_charges_a_share_of_the_lesser_term():
+    """Two kernels moving the same bytes: the one computing more costs more, though both are
+    memory-bound (a pure max would tie them, and extraction would pick either)."""
+    light, heavy = Work(1e6, 4e6, 1), Work(2e6, 4e6, 1)
+    for model in (CUDA, SLOW_CPU):
+        assert model.seconds(light) < model.seconds(heavy)
+        memory = 4e6 / model.bandwidth
+        assert model.seconds(light) == pytest.approx(
+            memory + OVERLAP * 1e6 / model.peak_flops + model.launch)
+
+
+def test_row_invariant_subterms_cost_once_per_row():
+    """rsqrt of a per-row value is hoisted out of the row loop by the code generator: it costs
+    once per row, the per-element product once per element."""
+    body = mod("""
+    func @f(%x: f32[256,512], %v: f32[256,1]) -> f32[256,512] {
+      %y = map %x, %v, body=mul($0, rsqrt($1)) : f32[256,512]
+      return %y
+    }""")["f"].body[0].attr["body"]
+    ins = [f32[256, 512], f32[256, 1]]
+    assert body_flops(body, ins, (256, 512)) == 256 * 512 * 1 + 256 * 4
+    # a column vector varies along the rows only; a row vector along the last axis
+    assert body_flops(body, [f32[256, 512], f32[512]], (256, 512)) == 256 * 512 * 5
+    assert work("map", {"body": body}, ins, [f32[256, 512]]).flops == 256 * 512 + 256 * 4

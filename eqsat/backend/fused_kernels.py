@@ -14,10 +14,10 @@ from llvmlite import ir
 from ..ir import fused
 from ..ir.module import Stmt
 from ..ir.ops import OPS
-from ..ir.scalar_expr import App, body_args, fold
+from ..ir.scalar_expr import body_args, body_cost, fold
 from ..ir.types import DType, TensorType
 from .llvm_kernels import (KERNELS, Kernel, KernelBuilder, _load, _store, broadcast_strides,
-                           element_cost, outer_blocks, reduce_kernel)
+                           outer_blocks, reduce_kernel)
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
                     streamed_nest, strided_offset, with_trig_fallback)
 from .matmul_kernels import matmul_kernel
@@ -48,14 +48,6 @@ def _loads(b: ir.IRBuilder, used: set[int] | frozenset[int], ptrs: Sequence[ir.V
             for i, (p, o, t) in enumerate(zip(ptrs, offs, ins))]
 
 
-def _row_cost(e: Any, varying: set[int]) -> int:
-    """The per-element cost of a body inside its innermost loop: subterms reading only inputs
-    that are constant along the loop are hoisted out of it by LLVM, so they cost nothing."""
-    if not isinstance(e, App) or not (body_args(e) & varying):
-        return 0
-    return element_cost(e.op) + sum(_row_cost(a, varying) for a in e.args)
-
-
 def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
          trig_fallback: bool = True) -> Kernel:
     """One loop nest over the result; each input read through its broadcast strides. A body
@@ -71,7 +63,7 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
         return emit_body(b, body, _loads(b, used, ptrs, offs, ins), out.dtype)
 
     inner = {k for k, st in enumerate(dims[-1][1][1:]) if st}  # inputs varying along a row
-    streamed = stream_dims(dims) if kb.streams(out, _row_cost(body, inner)) else None
+    streamed = stream_dims(dims) if kb.streams(out, body_cost(body, inner)) else None
     if streamed is not None:
         dims = streamed
         streamed_nest(b, dims, lo, hi, o, value, out.dtype.itemsize)

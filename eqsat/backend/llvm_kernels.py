@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ir.module import Stmt
-from ..ir.ops import lookup
+from ..ir.ops import element_cost, lookup
 from ..ir.types import DType, TensorType
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
                     streamed_nest, with_trig_fallback)
@@ -24,16 +24,9 @@ from .scalar import I8, I64, LoweringError, const, emit_scalar, intrinsic, llvm_
 # The alignment of every result array the runtime allocates (so a streamed row needs no
 # unaligned head, see loops.streamed_nest).
 STREAM_ALIGN = 64
-# Rough cost per element, in simple float operations, of ops that are more than one
-# instruction; a kernel costing more than STREAM_MAX_COST per element is compute-bound here.
-OP_COST = {"exp": 20, "log": 20, "tanh": 24, "sigmoid": 24, "sin": 24, "cos": 24, "pow": 40,
-           "div": 4, "sqrt": 4, "rsqrt": 8, "recip": 4}
+# A kernel costing more than this per element (the op table's element_cost, in simple float
+# operations) is compute-bound here.
 STREAM_MAX_COST = 12
-
-
-def element_cost(op: str) -> int:
-    """The rough per-element cost of a scalar op (see OP_COST)."""
-    return OP_COST.get(op, 1)
 
 
 @dataclass
@@ -88,7 +81,7 @@ class KernelBuilder:
         lo, hi, *rest = fn.args
         return fn, b, lo, hi, list(rest[: len(outs)]), list(rest[len(outs):])
 
-    def streams(self, out: TensorType, cost: int) -> bool:
+    def streams(self, out: TensorType, cost: float) -> bool:
         """Whether the kernel being built should stream its output `out`: floats only, and
         only memory-bound kernels (`cost`: see `element_cost`); a compute-bound one would
         just pay for the extra copy through the tile."""

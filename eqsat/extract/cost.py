@@ -19,8 +19,8 @@ from typing import Any, Protocol, runtime_checkable
 from ..errors import Error
 from ..ir.fused import domain
 from ..ir.module import Function, Module
-from ..ir.ops import OPS
-from ..ir.scalar_expr import App
+from ..ir.ops import OPS, element_cost
+from ..ir.scalar_expr import body_cost
 from ..ir.types import TensorType
 from ..ir.verifier import verify
 
@@ -48,15 +48,8 @@ class CostModel(Protocol):
         ...
 
 
-# Floating-point operations per element. Transcendentals are polynomial approximations of a
-# dozen or two multiply-adds in generated code (PITFALLS: llvmlite), division a few.
-FLOPS_PER_ELEMENT: dict[str, float] = {
-    "neg": 1, "abs": 1, "relu": 1, "add": 1, "sub": 1, "mul": 1, "maximum": 1, "minimum": 1,
-    "lt": 1, "le": 1, "gt": 1, "ge": 1, "eq": 1, "ne": 1, "select": 1, "cast": 1,
-    "div": 4, "recip": 4, "sqrt": 4, "rsqrt": 4,
-    "exp": 16, "log": 16, "sin": 16, "cos": 16, "tanh": 20, "sigmoid": 20, "pow": 24,
-}
-DEFAULT_FLOPS_PER_ELEMENT = 1.0
+# Floating-point operations per element: the op table's element_cost (transcendentals are
+# polynomial approximations of a dozen or two multiply-adds in generated code, division a few).
 
 # Views: the consumer's kernel reads through them (a reshape is the same buffer, a broadcast a
 # zero stride, a slice an offset and strides), so they cost nothing themselves; the consumer
@@ -83,7 +76,7 @@ def _moved(ins: Types, outs: Types) -> float:
 
 def elementwise_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     """Flops per element times elements; reads every operand, writes the result: one kernel."""
-    per = FLOPS_PER_ELEMENT.get(op, DEFAULT_FLOPS_PER_ELEMENT)
+    per = element_cost(op)
     return Work(per * sum(t.size for t in outs), _moved(ins, outs), 1)
 
 
@@ -115,35 +108,38 @@ def _free(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     return Work()
 
 
-def body_flops(body: Any) -> float:
-    """Flops per element of a fused kernel's scalar body: the weighted count of its ops."""
-    total = 0.0
-    stack = [body]
-    while stack:
-        e = stack.pop()
-        if isinstance(e, App):
-            total += FLOPS_PER_ELEMENT.get(e.op, DEFAULT_FLOPS_PER_ELEMENT)
-            stack.extend(e.args)
-    return total
+def body_flops(body: Any, operands: Types, shape: Sequence[int]) -> float:
+    """Flops of a fused kernel's body evaluated at every point of `shape`, its operands
+    broadcast to it: subterms reading no operand that varies along the last axis cost once per
+    row (generated loops hoist them out of the innermost loop: a layer norm's 1/sqrt(var + eps)
+    is not recomputed per element)."""
+    size = math.prod(shape)
+    inner = shape[-1] if shape else 1
+    varying = [i for i, t in enumerate(operands) if inner > 1 and t.shape[-1:] == (inner,)]
+    per_element = body_cost(body, varying)
+    per_row = body_cost(body) - per_element
+    return per_element * size + (per_row * (size // inner) if inner else 0.0)
 
 
 # A fused kernel reads its operands once (at their own size: broadcasting happens in
 # registers) and writes only its result; the intermediates of its body never touch memory.
 def map_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
-    """Body flops per output element, one kernel."""
-    return Work(body_flops(attrs["body"]) * outs[0].size, _moved(ins, outs), 1)
+    """Body flops over the output, one kernel."""
+    return Work(body_flops(attrs["body"], ins, outs[0].shape), _moved(ins, outs), 1)
 
 
 def map_reduce_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     """Body flops plus one reduction flop per element of the broadcast domain."""
-    points = math.prod(domain(list(ins))) if ins else 1
-    return Work((body_flops(attrs["body"]) + 1) * points, _moved(ins, outs), 1)
+    shape = tuple(domain(list(ins))) if ins else ()
+    flops = body_flops(attrs["body"], ins, shape) + math.prod(shape)
+    return Work(flops, _moved(ins, outs), 1)
 
 
 def matmul_epi_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     """A product (as matmul_work) whose epilogue runs on the result in registers."""
     product = matmul_work(op, attrs, ins[:2], outs)
-    return Work(product.flops + body_flops(attrs["body"]) * outs[0].size, _moved(ins, outs), 1)
+    epilogue = body_flops(attrs["body"], [outs[0], *ins[2:]], outs[0].shape)
+    return Work(product.flops + epilogue, _moved(ins, outs), 1)
 
 
 _BY_FAMILY: dict[str, WorkFn] = {
@@ -177,11 +173,20 @@ def work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     return fn(op, attrs, ins, outs)
 
 
+# The share of a kernel's lesser roofline term (compute or memory) that does not overlap with
+# the greater.
+OVERLAP = 0.1
+
+
 @dataclass(frozen=True)
 class Roofline:
-    """max(flops / peak_flops, bytes / bandwidth) + launch seconds per kernel.
+    """max(flops / peak_flops, bytes / bandwidth), plus OVERLAP times the smaller of the two,
+    plus launch seconds per kernel.
 
-    `peak_flops` in FLOP/s, `bandwidth` in bytes/s, `launch` in seconds.
+    `peak_flops` in FLOP/s, `bandwidth` in bytes/s, `launch` in seconds. Compute and memory
+    traffic overlap well but not perfectly; the small share of the lesser term also means that
+    of two kernels moving the same bytes, the one computing less is the cheaper (a pure max
+    would call x*x and pow(x, 2) equal in any memory-bound kernel and leave the pick to chance).
     """
 
     name: str
@@ -202,7 +207,9 @@ class Roofline:
         """The roofline time of some work."""
         if w.kernels == 0 and w.flops == 0 and w.bytes == 0:
             return 0.0
-        return max(w.flops / self.peak_flops, w.bytes / self.bandwidth) + w.kernels * self.launch
+        compute, memory = w.flops / self.peak_flops, w.bytes / self.bandwidth
+        return (max(compute, memory) + OVERLAP * min(compute, memory)
+                + w.kernels * self.launch)
 
     def stmt_cost(self, op: str, attrs: Attrs, operands: Types, results: Types) -> float:
         """Seconds of one statement on this target."""

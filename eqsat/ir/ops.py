@@ -135,6 +135,21 @@ def _float_const(x: np.ndarray, v: float) -> Any:
     return x.dtype.type(v)
 
 
+# The rough cost of one element of an elementwise op, in simple float operations (one
+# instruction each): what the cost model counts as a kernel's flops, what the fusion pass
+# weighs bodies by, and what tells the CPU backend a kernel is compute-bound. Ops not listed
+# cost 1.
+ELEMENT_COST: dict[str, float] = {
+    "div": 4, "recip": 4, "sqrt": 4, "rsqrt": 4,
+    "exp": 16, "log": 16, "sin": 16, "cos": 16, "tanh": 20, "sigmoid": 20, "pow": 24,
+}
+
+
+def element_cost(op: str) -> float:
+    """The rough per-element cost of an elementwise op (see ELEMENT_COST)."""
+    return ELEMENT_COST.get(op, 1.0)
+
+
 UNARY_IMPLS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], bool, str]] = {
     # name: (numpy implementation, float only, doc)
     "neg": (np.negative, False, "-x"),

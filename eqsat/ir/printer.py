@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from .module import Function, GradDecl, Module, Stmt
-from .ops import CALLEE, INT, INTS, LITERAL, OPS
+from .ops import INT, INTS, LITERAL, OPS
 from .types import TensorType
 
 

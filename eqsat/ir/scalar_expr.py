@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import difflib
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
 
 import numpy as np
 
-from .ops import OPS, OpTypeError, literal_fits
+from .ops import OPS, OpTypeError, element_cost, literal_fits
 from .printer import format_literal
 from .types import DType, TensorType
 
@@ -93,6 +93,19 @@ def body_op_names() -> frozenset[str]:
         if "elementwise" in op.traits and "fused" not in op.traits and not op.written_type
         and op.arity is not None and not op.attrs
     )
+
+
+def body_cost(body: Any, varying: Collection[int] | None = None) -> float:
+    """The rough cost of one evaluation of a body, its ops' `element_cost`s summed; with
+    `varying`, of only the subterms that read one of those inputs (the rest is the same for
+    every element of a loop along which only `varying` change, and compilers hoist it)."""
+    total, stack = 0.0, [body]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, App) and (varying is None or body_args(e) & set(varying)):
+            total += element_cost(e.op)
+            stack.extend(e.args)
+    return total
 
 
 def elementwise_body(op: str) -> App:

@@ -27,7 +27,7 @@ from ..ir.module import Function, Module, Param, Stmt
 from ..ir.ops import INT, INTS, OPS
 from ..ir.types import DTYPES, DType, TensorType
 from ..ir.verifier import verify
-from .lang import Arith, Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
+from .lang import Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
 
 _ATTEMPTS = 300
 _SPECIAL = (0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, 1e-3, -1e-3)

@@ -17,7 +17,7 @@ from ..ir.ops import INTS, OPS
 from ..ir.types import DTYPES
 from . import schema
 from .bridge import _float, _vec
-from .lang import Arith, Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
+from .lang import Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
 
 
 def _v(name: str) -> str:

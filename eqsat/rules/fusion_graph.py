@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from ..ir.fused import domain
 from ..ir.ops import OpTypeError
-from ..ir.scalar_expr import App, Arg, Expr, Lit, body_op_names, elementwise_body, substitute
+from ..ir.scalar_expr import (App, Arg, Expr, Lit, body_cost, body_op_names, elementwise_body,
+                              substitute)
 from ..ir.types import TensorType
 from .bridge import ENode, Serialized
 
@@ -66,7 +67,7 @@ class FusionGraph:
         self.types = ser.types
         self.elementwise = body_op_names()
         self.existing = {(n.eclass, n.op, n.attrs, n.children) for n in ser.nodes.values()}
-        self._all: dict[str, list[tuple[frozenset[str], int]]] = {}
+        self._all: dict[str, list[tuple[frozenset[str], float]]] = {}
         self._through: dict[str, Expr | str] = {}
         self._normal: dict[tuple, tuple[Kernel, str]] = {}
 
@@ -80,15 +81,16 @@ class FusionGraph:
                 if n.op in self.elementwise]
 
     def dominated(self, c: str, k: Kernel) -> bool:
-        """Whether class c has a kernel reading no more operands with no more ops: it is never
-        costlier under a roofline (one launch each, fewer bytes and flops), so `k` is waste.
-        This also stops inlining around cycles (x = neg(neg(x)) after `neg_neg`)."""
+        """Whether class c has a kernel reading no more operands with no costlier body (ops
+        weighed by their element_cost: mul($0, $0) beats pow($0, 2.0)): it is never costlier
+        under a roofline (one launch each, no more bytes or flops), so `k` is waste. This also
+        stops inlining around cycles (x = neg(neg(x)) after `neg_neg`)."""
         if c not in self._all:
-            self._all[c] = [(frozenset(j.operands), body_size(j.body)) for j in self.core(c)] + [
-                (frozenset(n.children), body_size(dict(n.attrs)["body"]))
+            self._all[c] = [(frozenset(j.operands), body_cost(j.body)) for j in self.core(c)] + [
+                (frozenset(n.children), body_cost(dict(n.attrs)["body"]))
                 for n in self.nodes(c) if n.op == "map"]
-        ops, size = frozenset(k.operands), body_size(k.body)
-        return any(o <= ops and s <= size for o, s in self._all[c])
+        ops, cost = frozenset(k.operands), body_cost(k.body)
+        return any(o <= ops and s <= cost for o, s in self._all[c])
 
     def kernels(self, c: str) -> list[Kernel]:
         """The elementwise ops of class c as kernels, then its MAX_FORMS largest maps."""
@@ -98,7 +100,9 @@ class FusionGraph:
                 core.append(Kernel(n.children, elementwise_body(n.op)))
             elif n.op == "map":
                 maps.append(Kernel(n.children, dict(n.attrs)["body"]))
-        maps.sort(key=lambda k: (-body_size(k.body), len(k.operands)))
+        # the largest first (most fused), the cheapest of equal size (mul($0, $0) before
+        # pow($0, 2.0))
+        maps.sort(key=lambda k: (-body_size(k.body), body_cost(k.body), len(k.operands)))
         return core + maps[:MAX_FORMS]
 
     def through(self, c: str) -> Expr | str:

@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ir.ops import CALLEE, INT, INTS, LITERAL, OPS, OpDef
+from ..ir.ops import CALLEE, INT, INTS, OPS, OpDef
 
 # Attribute kind -> egglog sort. Later op families register kinds of their own here.
 ATTR_SORTS: dict[str, str] = {INTS: "IntVec", INT: "i64", CALLEE: "String"}
