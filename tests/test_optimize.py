@@ -217,6 +217,40 @@ func @f(%x: f32[64], %y: f32[64]) -> f32[64] {
     same_results(m, out, "f", rand(64), rand(64, seed=4))
 
 
+def test_small_constant_powers_become_products():
+    """x**2 + x**3 (as the DSL traces it) keeps no pow: products are cheaper in any kernel,
+    memory-bound or not; x**0, x**1, x**-1 and an integer x**2 simplify too."""
+    m = parse("""module @m
+func @f(%x: f32[64,64]) -> f32[64,64] {
+  %two = const 2.0 : f32[64,64]
+  %a = pow %x, %two : f32[64,64]
+  %three = const 3.0 : f32[64,64]
+  %b = pow %x, %three : f32[64,64]
+  %c = add %a, %b : f32[64,64]
+  return %c
+}
+func @g(%x: f64[32], %n: i32[32]) -> (f64[32], f64[32], f64[32], i32[32]) {
+  %zero = const 0.0 : f64[32]
+  %a = pow %x, %zero : f64[32]
+  %one = const 1.0 : f64[32]
+  %b = pow %x, %one : f64[32]
+  %m1 = const -1.0 : f64[32]
+  %c = pow %x, %m1 : f64[32]
+  %i2 = const 2 : i32[32]
+  %d = pow %n, %i2 : i32[32]
+  return %a, %b, %c, %d
+}
+""")
+    out = optimize(m)
+    for name in ("f", "g"):
+        bodies = " ".join(str(s.attr.get("body", "")) for s in out[name].body)
+        assert "pow" not in bodies and ops(out, name)["pow"] == 0, out[name]
+    x = rand(64, 64)
+    same_results(m, out, "f", x)
+    n = np.arange(-16, 16, dtype=np.int32)
+    same_results(m, out, "g", np.linspace(-3, 3, 32), n)
+
+
 def test_elementwise_chain_becomes_one_fused_kernel():
     m = parse("""module @m
 func @f(%x: f32[1024], %y: f32[1024], %z: f32[1024]) -> f32[1024] {

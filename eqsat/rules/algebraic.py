@@ -28,6 +28,18 @@ rule abs_abs: abs(abs(?x)) => abs(?x)
 rule abs_neg: abs(neg(?x)) => abs(?x)
 """
 
+# Small constant exponents as products (numpy special-cases most of them too): a multiply
+# instead of a whole pow, exactly rounded for 2 and -1, within an ulp for 3. pow(x, 0.5) is not
+# sqrt(x) at -inf, so it stays.
+POWERS = """
+rule pow_zero: pow(?x, const(0.0)) => const(1.0, like=?x)
+rule pow_one: pow(?x, const(1.0)) => ?x
+rule pow_two: pow(?x, const(2.0)) => mul(?x, ?x)
+rule pow_three: pow(?x, const(3.0)) => mul(mul(?x, ?x), ?x)
+rule pow_neg_one: pow(?x, const(-1.0)) => recip(?x)
+rule pow_two_int: pow(?x, const(2)) => mul(?x, ?x)
+"""
+
 DISTRIBUTIVITY = """
 rule factor_mul_add: add(mul(?a, ?b), mul(?a, ?c)) => mul(?a, add(?b, ?c))
 rule factor_mul_sub: sub(mul(?a, ?b), mul(?a, ?c)) => mul(?a, sub(?b, ?c))
@@ -71,6 +83,6 @@ def _folding_rules() -> str:
 
 def algebraic() -> RuleSet:
     """The algebraic rule set (identities, distributivity, matmul, broadcast, folding)."""
-    text = "\n".join([IDENTITIES, DISTRIBUTIVITY, MATMUL, BROADCAST, _broadcast_rules(),
+    text = "\n".join([IDENTITIES, POWERS, DISTRIBUTIVITY, MATMUL, BROADCAST, _broadcast_rules(),
                       _folding_rules()])
     return parse(text, "algebraic")
