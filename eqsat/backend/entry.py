@@ -18,7 +18,8 @@ from ..ir.types import TensorType
 from . import blas, fused_kernels  # (importing fused_kernels registers the fused ops' kernels)
 from .chunks import Buffer, Group, Member, group_kernel, try_join
 from .llvm_kernels import STREAM_ALIGN, Kernel, KernelBuilder, build_kernel
-from .matmul_kernels import blas_pays, gemm_layout_ok, matmul_viewed, uses_packed_gemm
+from .matmul_kernels import (blas_pays, gemm_layout_ok, gemm_pays, matmul_viewed,
+                             uses_packed_gemm)
 from .loops import i64, row_major_strides
 from .parallel import emit_kernel_call
 from .reuse import find_shares
@@ -176,7 +177,9 @@ def plan_function(func: Function, callee_arena: dict[str, int]) -> Plan:
 
 
 def gemm_views(func: Function, live: Sequence[int]) -> dict[str, list[int]]:
-    """The transposes of `func` that BLAS matmuls can read in place, with their strides."""
+    """The transposes of `func` that BLAS-sized matmuls can read in place, with their strides:
+    any layout where the product runs on the generated GEMM (its packing reads any strides),
+    one with a contiguous matrix axis where it runs on the host BLAS (`gemm_layout_ok`)."""
     types = func.types()
     body = func.body
     users: dict[str, list[tuple[Stmt, int]]] = {}
@@ -191,8 +194,14 @@ def gemm_views(func: Function, live: Sequence[int]) -> dict[str, list[int]]:
             continue
         xs = row_major_strides(types[s.operands[0]].shape)
         view = [xs[p] for p in s.attr["perm"]]
-        if all(u.op == "matmul" and pos < 2 and blas_pays(u.type, types[u.operands[0]].shape[-1])
-               and gemm_layout_ok(view, types[t].shape) for u, pos in users[t]):
+        def readable(u: Stmt, pos: int) -> bool:
+            if u.op != "matmul" or pos >= 2:
+                return False
+            k = types[u.operands[0]].shape[-1]
+            return blas_pays(u.type, k) and (gemm_pays(u.type, k)
+                                             or gemm_layout_ok(view, types[t].shape))
+
+        if all(readable(u, pos) for u, pos in users[t]):
             views[t] = view
     return views
 
