@@ -158,3 +158,26 @@ def test_chunked_extents_cover_every_row_once(rows: int) -> None:
     want = eqsat.interpret(m, "f", x)
     for _ in range(5):
         np.testing.assert_allclose(exe.f(x), want, rtol=2e-6, atol=1e-12)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs at least two CPUs to steer between")
+def test_a_worker_woken_from_sleep_is_kept_off_the_callers_cpu():
+    """After an idle gap the workers sleep; the call that posts them first lets each run on
+    every CPU of the process but the caller's (left to the scheduler, a woken worker often
+    queued behind the caller on its CPU: a call after a gap ran almost serially)."""
+    (code, run), counters = _counting_entry()
+    allowed = os.sched_getaffinity(0)
+    before = {int(t) for t in os.listdir("/proc/self/task")}
+    run(1, ctypes.addressof(counters))  # starts the workers (if this is the first pool use)
+    time.sleep(0.05)  # the workers spin ~50 us, then sleep
+    run(1, ctypes.addressof(counters))
+    masks = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            masks[int(t)] = os.sched_getaffinity(int(t))
+        except OSError:  # a thread that ended meanwhile
+            continue
+    steered = [tid for tid, m in masks.items()
+               if len(m) == len(allowed) - 1 and m < allowed]
+    assert steered, (allowed, masks, before)

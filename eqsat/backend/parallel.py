@@ -6,7 +6,8 @@ ranges write disjoint memory, so the shares need no locks. Kernels hand their sh
 BLAS, so cached object code stays valid) whose workers live as long as the process: no thread
 start per kernel (~20-50 us each), and OpenBLAS keeps each worker's packing buffers instead of
 faulting in fresh ones for every new thread. Between calls workers spin ~50 us, then sleep on
-semaphores (see "the pool runtime" below). Work goes to threads only where it clearly
+semaphores (see "the pool runtime" below); a worker woken from its semaphore is kept off the
+waking caller's CPU (see CPU_WORDS). Work goes to threads only where it clearly
 outweighs the ~10-30 us of waking a sleeping one. Batched BLAS products split here too (whole
 batches), each thread calling the BLAS single-threaded.
 """
@@ -21,7 +22,7 @@ from . import blas, settings
 from .jit import POOL_ENTRY, POOL_SYMBOL
 from .llvm_kernels import Kernel
 from .loops import for_range, i64
-from .scalar import I8, I32, I64, declare
+from .scalar import I8, I32, I64, declare, intrinsic
 
 # Bytes plus operations below which a kernel runs on the calling thread alone.
 PARALLEL_MIN_WORK = 1 << 22
@@ -128,8 +129,15 @@ def emit_kernel_call(b: ir.IRBuilder, kernel: Kernel, args: Sequence[ir.Value]) 
 # to post a worker, sched_yield in the spin: neither helped that case in a micro-benchmark,
 # and the first can keep both sides sleeping through a run of back-to-back kernels.)
 SPIN_ITERS = 2000
-SLOT = ir.LiteralStructType([I32, I32, TASK.as_pointer(), VOIDP, ir.ArrayType(I8, 40)])
-TICKET, SLEEPING, SLOT_TASK, SLOT_ARG = 0, 1, 2, 3  # one cache line per worker
+SLOT = ir.LiteralStructType([I32, I32, TASK.as_pointer(), VOIDP, I32, ir.ArrayType(I8, 36)])
+TICKET, SLEEPING, SLOT_TASK, SLOT_ARG, SLOT_TID = 0, 1, 2, 3, 4  # one cache line per worker
+# Where a woken worker runs. Left to itself, Linux often wakes a worker onto the CPU of the
+# thread that posted it (wake-affine) while the other CPUs sleep, and there it waits until the
+# load balancer moves it: after an idle gap of 20 ms or more, mlp_fwd ran almost serially (9-10
+# ms instead of 5). So before posting a sleeping worker the caller allows it every CPU of the
+# process's affinity mask except the one the caller is on (a syscall, on this path only; a
+# spinning worker is already on a CPU of its own). CPU_WORDS: the mask's 64-bit words.
+CPU_WORDS = 16
 
 
 def _spin(b: ir.IRBuilder, ready: Callable[[ir.IRBuilder, str], ir.Value],
@@ -183,11 +191,39 @@ def _sleep(b: ir.IRBuilder, flag: ir.Value, ready: Callable[[ir.IRBuilder, str],
     b.position_at_end(awake)
 
 
-def _wake(b: ir.IRBuilder, flag: ir.Value, sem_post: ir.Function, sem: ir.Value) -> None:
-    """Post `sem` when its sleeper set `flag` (after the work was published)."""
+def _wake(b: ir.IRBuilder, flag: ir.Value, sem_post: ir.Function, sem: ir.Value,
+          before: Callable[[ir.IRBuilder], None] | None = None) -> None:
+    """Post `sem` when its sleeper set `flag` (after the work was published), calling `before`
+    first."""
     was = b.atomic_rmw("xchg", flag, ir.Constant(I32, 0), "seq_cst")
     with b.if_then(b.icmp_signed("!=", was, ir.Constant(I32, 0))):
+        if before is not None:
+            before(b)
         b.call(sem_post, [sem])
+
+
+def _steer(b: ir.IRBuilder, m: ir.Module, allowed: ir.GlobalVariable, ncpus: ir.GlobalVariable,
+           tid: ir.Value) -> None:
+    """Let thread `tid` run on every CPU of `allowed` but the calling thread's (see
+    CPU_WORDS), where there are at least two and `tid` is known."""
+    getcpu = declare(m, "sched_getcpu", I32, [])
+    setaff = declare(m, "sched_setaffinity", I32, [I32, I64, VOIDP])
+    zero = ir.Constant(I32, 0)
+    with b.goto_entry_block():
+        mask = b.alloca(ir.ArrayType(I64, CPU_WORDS), name="mask")
+    cpu = b.call(getcpu, [])
+    ok = b.and_(b.icmp_signed(">", tid, zero),
+                b.icmp_signed(">=", b.load(ncpus), ir.Constant(I32, 2)))
+    ok = b.and_(ok, b.icmp_signed(">=", cpu, zero))
+    ok = b.and_(ok, b.icmp_signed("<", cpu, ir.Constant(I32, 64 * CPU_WORDS)))
+    with b.if_then(ok):
+        for w in range(CPU_WORDS):
+            word = ir.Constant(I32, w)
+            b.store(b.load(b.gep(allowed, [zero, word])), b.gep(mask, [zero, word]))
+        at = b.gep(mask, [zero, b.lshr(cpu, ir.Constant(I32, 6))])
+        bit = b.shl(ir.Constant(I64, 1), b.zext(b.and_(cpu, ir.Constant(I32, 63)), I64))
+        b.store(b.and_(b.load(at), b.not_(bit)), at)
+        b.call(setaff, [tid, i64(8 * CPU_WORDS), b.bitcast(mask, VOIDP)])
 
 
 def _serial(b: ir.IRBuilder, fn: ir.Value, ctxs: ir.Value, size: ir.Value, lo: ir.Value,
@@ -216,11 +252,14 @@ def runtime_ir(triple: str, data_layout: str) -> str:
     pending, waiting = glob("pool.pending", I32), glob("pool.waiting", I32)
     busy, started, pid = glob("pool.busy", I32), glob("pool.started", I32), glob("pool.pid", I32)
     seq = glob("pool.seq", I32)
+    allowed, ncpus = glob("pool.allowed", ir.ArrayType(I64, CPU_WORDS)), glob("pool.ncpus", I32)
     semp = I8.as_pointer()
     sem_init = declare(m, "sem_init", I32, [semp, I32, I32])
     sem_wait = declare(m, "sem_wait", I32, [semp])
     sem_post = declare(m, "sem_post", I32, [semp])
     getpid = declare(m, "getpid", I32, [])
+    gettid = declare(m, "gettid", I32, [])
+    getaff = declare(m, "sched_getaffinity", I32, [I32, I64, VOIDP])
     create = declare(m, "pthread_create", I32, [I64.as_pointer(), VOIDP, TASK.as_pointer(), VOIDP])
     detach = declare(m, "pthread_detach", I32, [I64])
     pause = (declare(m, "llvm.x86.sse2.pause", ir.VoidType(), [])
@@ -240,6 +279,7 @@ def runtime_ir(triple: str, data_layout: str) -> str:
     worker.linkage = "internal"
     b = ir.IRBuilder(worker.append_basic_block("entry"))
     me = b.trunc(b.ptrtoint(worker.args[0], I64), I32)
+    b.store_atomic(b.call(gettid, []), slot(b, me, SLOT_TID), "release", 4)
     seen = b.alloca(I32)
     b.store(zero, seen)
     loop = b.append_basic_block("loop")
@@ -276,12 +316,19 @@ def runtime_ir(triple: str, data_layout: str) -> str:
                 # First use, or a forked child: semaphores and slots fresh, workers started anew.
                 with for_range(b, 0, MAX_WORKERS, name="init") as i:
                     b.call(sem_init, [go_sem(b, b.trunc(i, I32)), zero, zero])
-                    b.store(zero, slot(b, i, TICKET))
-                    b.store(zero, slot(b, i, SLEEPING))
+                    for field in (TICKET, SLEEPING, SLOT_TID):
+                        b.store(zero, slot(b, i, field))
                 b.call(sem_init, [done_sem, zero, zero])
                 for g in (started, pending, waiting, seq):
                     b.store(zero, g)
                 b.store(me, pid)
+                # the CPUs this process may use, counted (0 where unknown: no steering)
+                got = b.call(getaff, [zero, i64(8 * CPU_WORDS), b.bitcast(allowed, VOIDP)])
+                count = zero
+                for w in range(CPU_WORDS):
+                    word = b.load(b.gep(allowed, [zero, ir.Constant(I32, w)]))
+                    count = b.add(count, b.trunc(intrinsic(b, "ctpop", word), I32))
+                b.store(b.select(b.icmp_signed("==", got, zero), count, zero), ncpus)
             want = b.sub(b.select(b.icmp_unsigned("<", n, ir.Constant(I32, MAX_WORKERS + 1)),
                                   n, ir.Constant(I32, MAX_WORKERS + 1)), one)
             tid = b.alloca(I64)
@@ -312,7 +359,9 @@ def runtime_ir(triple: str, data_layout: str) -> str:
                 b.store(fn, slot(b, i, SLOT_TASK))
                 b.store(b.gep(ctxs, [b.mul(b.add(i, i64(1)), size)]), slot(b, i, SLOT_ARG))
                 b.store_atomic(ticket, slot(b, i, TICKET), "seq_cst", 4)
-                _wake(b, slot(b, i, SLEEPING), sem_post, go_sem(b, b.trunc(i, I32)))
+                tid = b.load_atomic(slot(b, i, SLOT_TID), "acquire", 4)
+                _wake(b, slot(b, i, SLEEPING), sem_post, go_sem(b, b.trunc(i, I32)),
+                      lambda b, tid=tid: _steer(b, m, allowed, ncpus, tid))
             _serial(b, fn, ctxs, size, b.add(w, i64(1)), n64)
             _serial(b, fn, ctxs, size, i64(0), i64(1))
 
