@@ -32,26 +32,35 @@ def strided_offset(b: ir.IRBuilder, index: ir.Value, shape: Sequence[int],
 
 
 @contextmanager
-def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int,
-              name: str = "i") -> Iterator[ir.Value]:
-    """`for i in range(lo, hi)`: the body is emitted inside the `with` block."""
-    lo = i64(lo) if isinstance(lo, int) else lo
-    hi = i64(hi) if isinstance(hi, int) else hi
+def counted(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name: str = "i",
+            signed: bool = True) -> Iterator[ir.Value]:
+    """`for (i = lo; i < hi; i += step)` in lo's integer type (compared `signed` or not): the
+    body is emitted inside the `with` block."""
     pre = b.block
     head = b.append_basic_block(f"{name}.head")
     body = b.append_basic_block(f"{name}.body")
     done = b.append_basic_block(f"{name}.done")
     b.branch(head)
     b.position_at_end(head)
-    i = b.phi(I64, name=name)
+    i = b.phi(lo.type, name=name)
     i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), body, done)
+    less = b.icmp_signed if signed else b.icmp_unsigned
+    b.cbranch(less("<", i, hi), body, done)
     b.position_at_end(body)
     yield i
-    nxt = b.add(i, i64(1), name=f"{name}.next")
-    i.add_incoming(nxt, b.block)
+    i.add_incoming(b.add(i, step, name=f"{name}.next"), b.block)
     b.branch(head)
     b.position_at_end(done)
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int,
+              name: str = "i") -> Iterator[ir.Value]:
+    """`for i in range(lo, hi)` over i64: the body is emitted inside the `with` block."""
+    lo = i64(lo) if isinstance(lo, int) else lo
+    hi = i64(hi) if isinstance(hi, int) else hi
+    with counted(b, lo, hi, i64(1), name) as i:
+        yield i
 
 
 def nest(b: ir.IRBuilder, dims: Dims, offsets: Sequence[ir.Value | int],

@@ -19,6 +19,7 @@ from ..ir.module import Stmt
 from ..ir.ops import lookup
 from ..ir.types import DType, TensorType
 from . import nvptx_target as T
+from .loops import counted
 from .scalar import I32, I64, LoweringError, llvm_type
 
 # Grid-stride kernels never launch more blocks than this: enough to fill an H100/H200
@@ -111,40 +112,8 @@ def grid_stride(b: ir.IRBuilder, n: int, ity: ir.IntType, per_block: int | None 
         first = b.add(b.mul(T.ctaid(b), T.ntid(b)), T.tid(b))
         step = b.mul(T.nctaid(b), T.ntid(b))
     first, step = widen(b, first, ity), widen(b, step, ity)
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    body = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.done")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(ity, name=name)
-    i.add_incoming(first, pre)
-    b.cbranch(b.icmp_unsigned("<", i, cint(ity, n)), body, done)
-    b.position_at_end(body)
-    yield i
-    i.add_incoming(b.add(i, step), b.block)
-    b.branch(head)
-    b.position_at_end(done)
-
-
-@contextmanager
-def counted(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value,
-            name: str = "r") -> Iterator[ir.Value]:
-    """`for (r = lo; r < hi; r += step)` (unsigned), the body inside the `with` block."""
-    pre = b.block
-    head = b.append_basic_block(f"{name}.head")
-    body = b.append_basic_block(f"{name}.body")
-    done = b.append_basic_block(f"{name}.done")
-    b.branch(head)
-    b.position_at_end(head)
-    r = b.phi(lo.type, name=name)
-    r.add_incoming(lo, pre)
-    b.cbranch(b.icmp_unsigned("<", r, hi), body, done)
-    b.position_at_end(body)
-    yield r
-    r.add_incoming(b.add(r, step), b.block)
-    b.branch(head)
-    b.position_at_end(done)
+    with counted(b, first, cint(ity, n), step, name, signed=False) as i:
+        yield i
 
 
 Dims = list[tuple[int, list[int]]]

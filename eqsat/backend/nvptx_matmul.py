@@ -23,9 +23,9 @@ from ..ir.types import TensorType
 from . import nvptx_target as T
 from .fused_kernels import emit_body
 from .llvm_kernels import broadcast_strides
-from .loops import collapse
-from .nvptx_kernels import (GPU_KERNELS, GpuKernel, GpuKernelBuilder, cint, counted, load,
-                            offsets, store, widen)
+from .loops import collapse, counted
+from .nvptx_kernels import (GPU_KERNELS, GpuKernel, GpuKernelBuilder, cint, load, offsets, store,
+                            widen)
 from .scalar import I32, I64, LoweringError, const, intrinsic, llvm_type
 
 BM = BN = 64
@@ -91,7 +91,7 @@ def matmul_kernel(kb: GpuKernelBuilder, name: str, out: TensorType, ins: Sequenc
             b.store(value, b.gep(smem, [slot], inbounds=True))
 
     n_tiles = -(-k // BK)
-    with counted(b, cint(I32, 0), cint(I32, n_tiles), cint(I32, 1), name="kt") as kt:
+    with counted(b, cint(I32, 0), cint(I32, n_tiles), cint(I32, 1), "kt", signed=False) as kt:
         k0 = b.mul(kt, cint(I32, BK))
         # A is [m, k] (k contiguous) or, transposed, [k, m] (m contiguous); B likewise.
         stage(pa, a_base, sa, a_stride, k0, row0, m, not ta, BM)

@@ -26,9 +26,9 @@ from . import nvptx_target as T
 from .fused_kernels import emit_body
 from .llvm_kernels import _BOOL_COMBINE, _FLOAT_COMBINE, _INT_COMBINE, _identity, \
     broadcast_strides
-from .loops import collapse, row_major_strides
-from .nvptx_kernels import (BLOCK, GPU_KERNELS, GpuKernel, GpuKernelBuilder, cint, counted,
-                            grid_1d, grid_stride, index_type, load, offsets, store, widen)
+from .loops import collapse, counted, row_major_strides
+from .nvptx_kernels import (BLOCK, GPU_KERNELS, GpuKernel, GpuKernelBuilder, cint, grid_1d,
+                            grid_stride, index_type, load, offsets, store, widen)
 from .scalar import I32, llvm_type
 
 WARPS = BLOCK // T.WARP
@@ -81,7 +81,7 @@ def reduce_kernel(kb: GpuKernelBuilder, name: str, op: str, domain: Sequence[int
         base = offsets(b, row, kdims, [0] * n_in) if n_in else []
         acc_slot = _entry_alloca(b, llvm_type(dtype))
         b.store(ident, acc_slot)
-        with counted(b, lo, cint(rty, n_red), step) as r:
+        with counted(b, lo, cint(rty, n_red), step, "r", signed=False) as r:
             roffs = offsets(b, r, rdims, [0] * n_in) if n_in else []
             value = element(b, ptrs, [b.add(x, y) for x, y in zip(base, roffs)])
             b.store(combine(b, b.load(acc_slot), value), acc_slot)
@@ -126,7 +126,7 @@ def reduce_kernel(kb: GpuKernelBuilder, name: str, op: str, domain: Sequence[int
 def _block_rows(b: ir.IRBuilder, n: int, ity: ir.IntType):
     """`for (row = blockIdx.x; row < n; row += gridDim.x)`: every thread of a block together."""
     return counted(b, widen(b, T.ctaid(b), ity), ir.Constant(ity, n), widen(b, T.nctaid(b), ity),
-                   name="row")
+                   name="row", signed=False)
 
 
 def _entry_alloca(b: ir.IRBuilder, ty: ir.Type) -> ir.Value:
