@@ -100,9 +100,7 @@ class FusionGraph:
                 core.append(Kernel(n.children, elementwise_body(n.op)))
             elif n.op == "map":
                 maps.append(Kernel(n.children, dict(n.attrs)["body"]))
-        # the largest first (most fused), the cheapest of equal size (mul($0, $0) before
-        # pow($0, 2.0))
-        maps.sort(key=lambda k: (-body_size(k.body), body_cost(k.body), len(k.operands)))
+        maps.sort(key=lambda k: (-body_size(k.body), len(k.operands)))
         return core + maps[:MAX_FORMS]
 
     def through(self, c: str) -> Expr | str:
