@@ -7,10 +7,10 @@ tiny/negative numbers. Instances whose left side does not verify or whose condit
 are redrawn. Both sides become IR functions, run by the reference interpreter, and are compared
 (float tolerance scaled to the magnitudes involved; NaN must match NaN). A right side that does
 not verify, or a difference, raises `UnsoundRule` with the rule name and the counterexample.
-A right side's computed int lists (`shape=permute(?s, ?p)`) are evaluated by the reference
-semantics of `lang.SHAPE_FNS`; where one is undefined the rule would not fire, so the instance
-is redrawn. The check is of real-number identities over a bounded range: floating-point
-overflow far out (log(exp(x)) for x > 88) is outside it.
+A right side's computed int lists (`shape=permute(?s, ?p)`, `lpad(shape(?x), ?s)`) are
+evaluated by the reference semantics of `lang.SHAPE_FNS`; where one is undefined the rule would
+not fire, so the instance is redrawn. The check is of real-number identities over a bounded
+range: floating-point overflow far out (log(exp(x)) for x > 88) is outside it.
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ class _Instance:
         if isinstance(v, ShapeFn):
             # undefined where egglog's helper finds no value: there the rule does not fire
             try:
-                return v.evaluate(lambda x: tuple(self.attrs[x.name]))
+                return v.evaluate(lambda x: self.types[x.var.name].shape if isinstance(
+                    x, Fn) else tuple(self.attrs[x.name]))
             except ValueError:
                 raise _Reject from None
         return make() if v is None else v
@@ -227,8 +228,9 @@ class _Instance:
         if x is None:
             return self.shape()
         if op == "broadcast":
-            # a scalar may broadcast to any rank (rules over scalar broadcasts need rank >= 2)
-            lead = _random_shape(self.rng, self.rng.choice((0, 1) if x.rank else (0, 1, 2, 3)))
+            # a scalar may broadcast to any rank (rules over scalar broadcasts need rank >= 2),
+            # a tensor gains up to two leading axes (rules that pad its shape)
+            lead = _random_shape(self.rng, self.rng.choice((0, 1, 2) if x.rank else (0, 1, 2, 3)))
             return lead + tuple(d if d != 1 else self.rng.choice((1, 2, 3)) for d in x.shape)
         if op == "reshape":
             return self.rng.choice(((x.size,), tuple(reversed(x.shape)), (1,) + x.shape))

@@ -3,7 +3,8 @@
 Values a right-hand side needs but cannot name (the dtype of a new broadcast, the shape behind
 `like=`, a computed constant) are bound in the rule's `:when` facts, so a rule whose computation
 fails (a division by zero, a missing shape) simply does not fire. A computed int list
-(`shape=permute(?s, ?p)`) is read from the schema's helper function (`permuted`), which the
+(`shape=permute(?s, ?p)`) is read from the schema's helper function (`permuted`; an argument
+`shape(?x)` is ?x's entry in the `shape` table), which the
 analysis fills only on demand: each one also gets a companion analysis rule that matches the
 same left side and asks for the value, so it is ready before the rewrite runs.
 """
@@ -31,22 +32,27 @@ class _Compiler:
         self.n = 0
         # (facts the value needs, action asking the analysis for it), one per ShapeFn
         self.demands: list[tuple[list[str], str]] = []
+        self.memo: dict[str, str] = {}
 
     def fresh(self, prefix: str = "w") -> str:
         self.n += 1
         return f"_{prefix}{self.n}"
 
     def bound(self, expr: str) -> str:
-        """A fresh query variable equal to `expr` (functions cannot be looked up in actions)."""
-        name = self.fresh("b")
-        self.facts.append(f"(= {name} {expr})")
-        return name
+        """A query variable equal to `expr` (functions cannot be looked up in actions); one per
+        expression, so that a rule reading `(shape v_x)` thrice joins on it once."""
+        if expr not in self.memo:
+            self.memo[expr] = self.fresh("b")
+            self.facts.append(f"(= {self.memo[expr]} {expr})")
+        return self.memo[expr]
 
     def attr(self, v: Any, kind: str) -> str:
         if isinstance(v, Var):
             return _v(v.name)
         if isinstance(v, ShapeFn):
             return self.shape_fn(v)
+        if isinstance(v, Fn):  # shape(?x), a shape function's argument
+            return self.bound(f"(shape {_v(v.var.name)})")
         if kind in schema.ATTR_CODECS:  # e.g. a fused kernel's body, stored as its text
             return json.dumps(schema.ATTR_CODECS[kind][0](v))
         if kind == INTS:

@@ -11,13 +11,16 @@ may compute one: `const(?a + ?b, like=?x)`, `const(size(?s), like=?x)`.
 A right-hand int-list attribute (`shape=`, `perm=`, ...) may be computed from int lists bound
 on the left (`?s`, `?p`) or written (`[1,0]`) by the functions of `SHAPE_FNS`:
 `shape=permute(?s, ?p)` (`?s` reordered by `?p`, as a transpose reorders a shape) and
-`inverse(?p)` (the permutation undoing `?p`); they nest: `permute(?s, inverse(?p))`.
+`inverse(?p)` (the permutation undoing `?p`) and `lpad(?t, ?s)` (`?t` left-padded with 1s to
+`len(?s)`, the shape numpy's right-aligned broadcasting sees); they nest, and an argument may
+be the shape of a tensor variable: `permute(?s, inverse(?p))`, `lpad(shape(?x), ?s)`.
 Conditions compare `shape(?x)`, `rank(?x)`, `dim(?x, i)`, `size(?x)`, `dtype(?x)`, `len(?p)`,
 integers and dtype names with `== != < <= > >=`, or test `is_float(?x)`.
 
 In Python: `Rule("mul_one", "mul(?x, const(1.0))", "?x")`, or build patterns with
 `op.mul(var("x"), op.const(1.0))` (computed attributes: `shape=shape_fn("permute", var("s"),
-var("p"))`). `parse(text)` returns a `RuleSet`; RuleSets add with `+`.
+var("p"))`, `shape_fn("shape", var("x"))` for `shape(?x)`). `parse(text)` returns a `RuleSet`;
+RuleSets add with `+`.
 Everything is checked when it is built: unknown ops, wrong arity, unknown or malformed
 attributes, right-side variables not bound on the left, and dtype-kind errors (a bool where a
 number is needed) raise `ParseError` with the line and column of the offending text.
@@ -102,27 +105,37 @@ def _inverse(p: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(inv)
 
 
+def _lpad(s: tuple[int, ...], t: tuple[int, ...]) -> tuple[int, ...]:
+    if len(s) > len(t):
+        raise ValueError(f"cannot pad length {len(s)} to length {len(t)}")
+    return (1,) * (len(t) - len(s)) + tuple(s)
+
+
 # The functions a right-hand int-list attribute may apply (each has an egglog twin in
 # schema.SHAPE_FN_EGGLOG); every argument is an int list.
 SHAPE_FNS: dict[str, ShapeFnDef] = {d.name: d for d in (
     ShapeFnDef("permute", 2, _permute, "permute(s, p): s reordered by p, [s[i] for i in p]"),
     ShapeFnDef("inverse", 1, _inverse, "inverse(p): the permutation q with q[p[i]] = i"),
+    ShapeFnDef("lpad", 2, _lpad, "lpad(s, t): s left-padded with 1s to len(t) (len(s) <= "
+               "len(t)), the shape a right-aligned broadcast to a rank-len(t) shape reads"),
 )}
 
 
 @dataclass(frozen=True)
 class ShapeFn:
     """A computed right-hand int-list attribute, `fn(args)`; an argument is a Var bound to an
-    int list, a literal tuple, or another ShapeFn."""
+    int list, a literal tuple, `shape(?x)` (a `Fn`: the shape of a tensor variable) or another
+    ShapeFn."""
 
     name: str
     args: tuple[Any, ...]
     pos: Pos = field(default=(0, 0), compare=False)
 
-    def evaluate(self, env: Callable[[Var], tuple[int, ...]]) -> tuple[int, ...]:
-        """Its value, reading variables through `env`; ValueError where it is undefined."""
-        vals = [a.evaluate(env) if isinstance(a, ShapeFn) else env(a) if isinstance(a, Var)
-                else tuple(a) for a in self.args]
+    def evaluate(self, env: Callable[[Any], tuple[int, ...]]) -> tuple[int, ...]:
+        """Its value, reading a variable (a Var) or a tensor's shape (a `shape` Fn) through
+        `env`; ValueError where it is undefined."""
+        vals = [a.evaluate(env) if isinstance(a, ShapeFn) else env(a) if isinstance(
+            a, (Var, Fn)) else tuple(a) for a in self.args]
         return SHAPE_FNS[self.name].impl(*vals)
 
     def __str__(self) -> str:
@@ -131,20 +144,25 @@ class ShapeFn:
         return f"{self.name}({', '.join(args)})"
 
 
-def shape_fn(name: str, *args: Any) -> ShapeFn:
+def shape_fn(name: str, *args: Any) -> ShapeFn | Fn:
     """A computed int-list attribute for the Python API: `shape_fn("permute", var("s"),
-    var("p"))` is `permute(?s, ?p)`; lists may stand for literal arguments."""
+    var("p"))` is `permute(?s, ?p)`; lists may stand for literal arguments, and
+    `shape_fn("shape", var("x"))` is the argument `shape(?x)`."""
+    if name == "shape":
+        if len(args) != 1 or not isinstance(args[0], Var):
+            raise ParseError(f"shape() takes one tensor variable, got {args!r}", 0, 0)
+        return Fn("shape", args[0])
     d = SHAPE_FNS.get(name)
     if d is None:
-        raise ParseError(f"unknown shape function {name!r} (known: {', '.join(SHAPE_FNS)})",
-                         0, 0)
+        raise ParseError(f"unknown shape function {name!r} (known: {', '.join(SHAPE_FNS)}; "
+                         f"shape(?x) reads a tensor's shape)", 0, 0)
     if len(args) != d.arity:
         raise ParseError(f"{name}() takes {d.arity} argument(s), got {len(args)}", 0, 0)
     fixed = []
     for a in args:
         if isinstance(a, (list, tuple)) and all(isinstance(i, int) for i in a):
             a = tuple(a)
-        elif not isinstance(a, (Var, ShapeFn)):
+        elif not isinstance(a, (Var, ShapeFn)) and not (isinstance(a, Fn) and a.name == "shape"):
             raise ParseError(f"{name}() takes int lists (a ?variable, a list of ints or another "
                              f"shape function), not {a!r}", 0, 0)
         fixed.append(a)
@@ -198,7 +216,8 @@ class Cond:
 
 @dataclass(frozen=True)
 class Fn:
-    """A condition term: `shape(?x)`, `rank(?x)`, `dim(?x, i)`, `size(?x)`, `dtype(?x)`, `len(?p)`."""
+    """A condition term: `shape(?x)`, `rank(?x)`, `dim(?x, i)`, `size(?x)`, `dtype(?x)`, `len(?p)`;
+    `shape(?x)` is also a shape function's argument."""
 
     name: str
     var: Var

@@ -2,7 +2,9 @@
 elementwise ops and broadcasts, and transposes of a matmul's operands fold into `matmul_t`
 (ta / tb read the operand transposed), so extraction chooses where data is physically rearranged.
 
-Through a broadcast (same rank, or from a scalar), in both directions, with the written shape
+Through a broadcast (same rank, from a scalar, or adding leading axes: the operand is first
+reshaped to `lpad(shape(?x), ?s)`, its shape padded with 1s), in both directions (the leading-axes
+case only outward), with the written shape
 computed by the rule language's shape functions:
 `transpose(broadcast(?x, shape=?s), perm=?p) => broadcast(transpose(?x, perm=?p),
 shape=permute(?s, ?p))`, and back with `permute(?s, inverse(?p))`. Moving the transpose inside
@@ -31,11 +33,14 @@ rule sum_transpose: sum(transpose(?x, perm=[1,0]), axes=[0,1]) => sum(?x, axes=[
 # the permutation puts it), the written shape permuted along; a scalar's broadcast needs no
 # transpose at all. The reverse direction lets a transpose leave a broadcast to meet another
 # transpose (an elementwise partner, a matmul operand); the two directions are inverse
-# rewrites, so together they add one e-node per match rather than chains.
+# rewrites, so together they add one e-node per match rather than chains. A broadcast that adds
+# leading axes (a bias f32[n] to f32[m,n]) first reshapes its operand to the padded rank, which
+# is free (same buffer) and what right-aligned broadcasting reads anyway, then moves as above.
 BROADCAST = """
 rule transpose_bcast: transpose(broadcast(?x, shape=?s), perm=?p) => broadcast(transpose(?x, perm=?p), shape=permute(?s, ?p)) if rank(?x) == len(?s)
 rule transpose_bcast_scalar: transpose(broadcast(?x, shape=?s), perm=?p) => broadcast(?x, shape=permute(?s, ?p)) if rank(?x) == 0
 rule bcast_transpose: broadcast(transpose(?x, perm=?p), shape=?s) => transpose(broadcast(?x, shape=permute(?s, inverse(?p))), perm=?p) if rank(?x) == len(?s)
+rule transpose_bcast_lead: transpose(broadcast(?x, shape=?s), perm=?p) => broadcast(transpose(reshape(?x, shape=lpad(shape(?x), ?s)), perm=?p), shape=permute(?s, ?p)) if rank(?x) < len(?s), rank(?x) > 0
 """
 
 

@@ -164,6 +164,9 @@ class RuleParser:
             self.next()
             return t.text
         if t.kind == "ident" and self.toks[self.i + 1].text == "(":
+            if t.text == "shape":
+                raise self.error("shape(?x) is an argument of a shape function (e.g. "
+                                 "lpad(shape(?x), ?s)); for ?x's own type write like=?x", t)
             return self.shape_fn()
         return self.integer()
 
@@ -176,13 +179,14 @@ class RuleParser:
             vals.append(self.integer())
         return tuple(vals)
 
-    # computed int lists: permute(?s, ?p), inverse([1,2,0]), permute(?s, inverse(?p))
+    # computed int lists: permute(?s, ?p), inverse([1,2,0]), permute(?s, inverse(?p)),
+    # lpad(shape(?x), ?s)
     def shape_fn(self) -> ShapeFn:
         t = self.next()
         d = SHAPE_FNS.get(t.text)
         if d is None:
             raise self.error(f"unknown shape function {t.text!r} (known: "
-                             f"{', '.join(SHAPE_FNS)})", t)
+                             f"{', '.join(SHAPE_FNS)}; shape(?x) reads a tensor's shape)", t)
         self.expect("(")
         args: list[Any] = []
         while not self.accept(")"):
@@ -194,12 +198,17 @@ class RuleParser:
                 args.append(Var(a.text[1:], self.pos(a)))
             elif a.text == "[":
                 args.append(self.int_list())
+            elif a.text == "shape" and self.toks[self.i + 1].text == "(":
+                self.next()
+                self.next()
+                args.append(Fn("shape", self.cond_var()))
+                self.expect(")")
             elif a.kind == "ident" and self.toks[self.i + 1].text == "(":
                 args.append(self.shape_fn())
             else:
                 got = "end of line" if a.kind in ("nl", "eof") else repr(a.text)
-                raise self.error(f"{t.text}() takes int lists (?s, [1,0] or a shape "
-                                 f"function), got {got}", a)
+                raise self.error(f"{t.text}() takes int lists (?s, [1,0], shape(?x) or a "
+                                 f"shape function), got {got}", a)
         if len(args) != d.arity:
             raise self.error(f"{t.text}() takes {d.arity} argument(s), got {len(args)}", t)
         return ShapeFn(t.text, tuple(args), self.pos(t))

@@ -107,6 +107,12 @@ _HELPERS = f"""
 (rule ((inv-go p i acc) (< i (vec-length p)) (= j (vec-get p i)) (>= j 0) (< j (vec-length p)))
       ((inv-go p (+ i 1) (vec-set acc j i))) :ruleset {ANALYSIS})
 (rule ((inv-go p i acc) (= i (vec-length p))) ((set (inverted p) acc)) :ruleset {ANALYSIS})
+(relation pad-go (IntVec IntVec IntVec))
+(function padded (IntVec IntVec) IntVec :no-merge)
+(rule ((pad-go s t acc) (< (+ (vec-length acc) (vec-length s)) (vec-length t)))
+      ((pad-go s t (vec-push acc 1))) :ruleset {ANALYSIS})
+(rule ((pad-go s t acc) (= (+ (vec-length acc) (vec-length s)) (vec-length t)))
+      ((set (padded s t) (vec-append acc s))) :ruleset {ANALYSIS})
 (relation red-go (IntVec IntVec i64 IntVec))
 (function reduced (IntVec IntVec) IntVec :no-merge)
 (rule ((red-go s ax i acc) (< i (vec-length s)) (vec-contains ax i))
@@ -146,6 +152,7 @@ _HELPERS = f"""
 SHAPE_FN_EGGLOG: dict[str, tuple[str, str]] = {
     "permute": ("permuted", "(perm-go {0} {1} 0 (vec-empty))"),
     "inverse": ("inverted", "(inv-go {0} 0 {0})"),
+    "lpad": ("padded", "(pad-go {0} {1} (vec-empty))"),
 }
 
 

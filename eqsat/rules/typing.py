@@ -172,6 +172,12 @@ class _Checker:
         for a in f.args:
             if isinstance(a, ShapeFn):
                 self.shape_fn(a, lhs)
+            elif isinstance(a, Fn):  # shape(?x): the shape of a tensor bound on the left
+                sort = self.sorts.get(a.var.name)
+                if sort not in (None, "tensor"):
+                    raise self.fail(f"shape() takes a tensor variable, but ?{a.var.name} is "
+                                    f"bound as {sort}", a.var)
+                self.bind(a.var, "tensor", lhs)
             elif isinstance(a, Var):
                 sort = self.sorts.get(a.name)
                 if sort not in (None, "ints"):
