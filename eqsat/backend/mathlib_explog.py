@@ -126,12 +126,17 @@ def sigmoid(e: Emit, x: Value) -> Value:
 
 
 def tanh(e: Emit, x: Value) -> Value:
-    """Odd polynomial for small |x|; elsewhere tanh|x| = m / (m + 2), m = e^(2|x|) - 1."""
+    """tanh|x| = m / (m + 2), m = e^(2|x|) - 1, signed last; in f64 an odd polynomial for
+    small |x|. f32 takes the quotient everywhere: within 2 ulp near 0 too (1 with the
+    polynomial), and 13% faster an element in a kernel like tanh(x*w+b)*sigmoid(x), where
+    both forms were computed for every element and one picked."""
     ax = e.fabs(x)
-    z = e.mul(x, x)
-    small = e.fma(e.mul(ax, z), e.horner(z, fit.coefficients(f"tanh{e.bits}", e.bits)), ax)
     m = expm1_pos(e, e.add(ax, ax))
-    res = e.sel(e.lt(ax, fit.TANH_SMALL[e.bits]), small, e.div(m, e.add(m, 2.0)))
+    res = e.div(m, e.add(m, 2.0))
+    if e.bits == 64:
+        z = e.mul(x, x)
+        small = e.fma(e.mul(ax, z), e.horner(z, fit.coefficients("tanh64", 64)), ax)
+        res = e.sel(e.lt(ax, fit.TANH_SMALL[64]), small, res)
     # computed on |x| and signed last, so that tanh(-0) = -0
     res = e.copysign(res, x)
     return res if e.native_ldexp else e.sel(e.isnan(x), x, res)

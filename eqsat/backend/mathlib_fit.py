@@ -80,9 +80,9 @@ def _tanh_rem(z: np.ndarray) -> np.ndarray:
 
 # name -> (remainder function, interval [lo, hi]); r-intervals carry a margin for the
 # rounding of the reduction, z-intervals are squares of such margins.
-# bits -> |x| below which tanh uses its polynomial (above: m / (m + 2), m = expm1(2|x|));
-# f32 takes the cheap low one, f64 a higher one that keeps it within 1 ulp
-TANH_SMALL = {32: 0.3, 64: 0.625}
+# bits -> |x| below which tanh uses its polynomial (above: m / (m + 2), m = expm1(2|x|)), high
+# enough to keep f64 within 1 ulp; f32 takes the quotient everywhere (see explog.tanh)
+TANH_SMALL = {64: 0.625}
 _INTERVALS: dict[str, tuple[Remainder, float, float]] = {
     "exp": (_exp_rem, -0.3466, 0.3466),
     "log_p": (_log_p, 0.0, 0.02945),
@@ -109,7 +109,6 @@ DEGREES: dict[tuple[str, int], int] = {
     ("sin", 64): 7,
     ("cos", 32): 4,
     ("cos", 64): 7,
-    ("tanh32", 32): 2,
     ("tanh64", 64): 15,
 }
 
