@@ -95,9 +95,10 @@ print(json.dumps(time.perf_counter() - t0))
 
 def compile_times(name: str, variant: str, optimize: bool) -> tuple[float, float, float]:
     """Seconds of `eqsat.compile` (differentiate, optimize if asked, lower), each in a fresh
-    process, imports not counted (its lazy ones are, from bytecode): on first use (an empty cache directory: the one-time
-    measurement of the machine's rates included), cold (the program never compiled, what is
-    not the program's own left in the cache) and from the disk cache."""
+    process, imports not counted (its lazy ones are, from bytecode): on first use (an empty
+    cache directory: the one-time measurement of the machine's rates included), cold (the
+    program never compiled, what is not the program's own left in the cache) and from the disk
+    cache."""
     with tempfile.TemporaryDirectory() as cache:
         out = []
         for run in range(3):

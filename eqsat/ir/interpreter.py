@@ -27,7 +27,8 @@ class _Frame:
 
 
 def check_inputs(func: Function | Any, args: tuple[Any, ...], params=None) -> list[np.ndarray]:
-    """Inputs as arrays of exactly the parameter types, or an InterpretError saying which differs."""
+    """Inputs as arrays of exactly the parameter types, or an InterpretError saying which
+    differs."""
     params = params if params is not None else func.params
     if len(args) != len(params):
         sig = ", ".join(f"%{p.name}: {p.type}" for p in params)

@@ -199,9 +199,11 @@ class Module:
     def grad_decls(self) -> tuple[GradDecl, ...]:
         return tuple(it for it in self.items if isinstance(it, GradDecl))
 
-    def replace(self, items: list[Item] | tuple[Item, ...] | None = None, name: str | None = None) -> Module:
+    def replace(self, items: list[Item] | tuple[Item, ...] | None = None,
+                name: str | None = None) -> Module:
         """A copy with other items or another name."""
-        return Module.of(self.name if name is None else name, self.items if items is None else items)
+        return Module.of(self.name if name is None else name,
+                         self.items if items is None else items)
 
     def __str__(self) -> str:
         from .printer import print_module

@@ -206,8 +206,10 @@ def _binary_op(name: str, fn: Callable, commutative: bool, doc: str) -> OpDef:
         _need_numeric(t, name, 0)
         return t
 
-    traits = {"elementwise", "binary", "differentiable"} | ({"commutative"} if commutative else set())
-    return OpDef(name, "binary", 2, infer, lambda a, _, t: fn(a[0], a[1]), traits=frozenset(traits), doc=doc)
+    commutes = {"commutative"} if commutative else set()
+    traits = {"elementwise", "binary", "differentiable"} | commutes
+    return OpDef(name, "binary", 2, infer, lambda a, _, t: fn(a[0], a[1]),
+                 traits=frozenset(traits), doc=doc)
 
 
 def _compare_op(name: str, fn: Callable, commutative: bool) -> OpDef:
@@ -215,8 +217,8 @@ def _compare_op(name: str, fn: Callable, commutative: bool) -> OpDef:
         return _same_type(ins, name).with_dtype(DType.bool)
 
     traits = {"elementwise", "compare"} | ({"commutative"} if commutative else set())
-    return OpDef(name, "compare", 2, infer, lambda a, _, t: fn(a[0], a[1]), traits=frozenset(traits),
-                 doc=f"numpy's {fn.__name__}, a bool result")
+    return OpDef(name, "compare", 2, infer, lambda a, _, t: fn(a[0], a[1]),
+                 traits=frozenset(traits), doc=f"numpy's {fn.__name__}, a bool result")
 
 
 for _name, (_fn, _float_only, _doc) in UNARY_IMPLS.items():
@@ -227,13 +229,15 @@ for _name, (_fn, _comm) in COMPARE_IMPLS.items():
     register(_compare_op(_name, _fn, _comm))
 
 
-def _infer_select(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_select(ins: Sequence[TensorType], attrs: Attrs,
+                  written: TensorType | None) -> TensorType:
     c = ins[0]
     if c.dtype is not DType.bool:
         raise OpTypeError(f"select's condition must be bool, got {c}", operand=0)
     t = _same_type(ins, "select", first=1)
     if c.shape != t.shape:
-        raise OpTypeError(f"select's condition {c} must have the shape of its branches {t}", operand=0)
+        raise OpTypeError(f"select's condition {c} must have the shape of its branches {t}",
+                          operand=0)
     return t
 
 
@@ -262,7 +266,8 @@ def literal_fits(value: Any, dtype: DType) -> str | None:
     return None
 
 
-def _infer_const(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_const(ins: Sequence[TensorType], attrs: Attrs,
+                 written: TensorType | None) -> TensorType:
     t = _written(written, "const")
     problem = literal_fits(attrs["value"], t.dtype)
     if problem:
@@ -285,7 +290,8 @@ def broadcastable(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
     return all(s == d or s == 1 for s, d in zip(reversed(src), reversed(dst)))
 
 
-def _infer_broadcast(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_broadcast(ins: Sequence[TensorType], attrs: Attrs,
+                     written: TensorType | None) -> TensorType:
     t = _written(written, "broadcast")
     x = ins[0]
     if x.dtype != t.dtype:
@@ -309,7 +315,8 @@ def _reduce_op(name: str, fn: Callable) -> OpDef:
         if name != "sum":
             for a in axes:
                 if x.shape[a] == 0:
-                    raise OpTypeError(f"{name} over axis {a} of length 0 has no identity", attr="axes")
+                    raise OpTypeError(f"{name} over axis {a} of length 0 has no identity",
+                                      attr="axes")
         return x.with_shape(tuple(d for i, d in enumerate(x.shape) if i not in axes))
 
     def impl(a: list[np.ndarray], attrs: Attrs, t: TensorType) -> np.ndarray:
@@ -319,14 +326,16 @@ def _reduce_op(name: str, fn: Callable) -> OpDef:
         return fn(a[0], axis=axes)
 
     return OpDef(name, "reduce", 1, infer, impl, attrs=(("axes", INTS),),
-                 traits=frozenset({"reduction", "differentiable"}), doc=f"np.{fn.__name__} over axes")
+                 traits=frozenset({"reduction", "differentiable"}),
+                 doc=f"np.{fn.__name__} over axes")
 
 
 for _name, _fn in (("sum", np.sum), ("max", np.max), ("min", np.min)):
     register(_reduce_op(_name, _fn))
 
 
-def _infer_matmul(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_matmul(ins: Sequence[TensorType], attrs: Attrs,
+                  written: TensorType | None) -> TensorType:
     a, b = ins
     for i, t in enumerate(ins):
         _need_numeric(t, "matmul", i)
@@ -337,9 +346,8 @@ def _infer_matmul(ins: Sequence[TensorType], attrs: Attrs, written: TensorType |
     if a.rank != b.rank or a.shape[:-2] != b.shape[:-2]:
         raise OpTypeError(f"matmul needs equal batch dimensions, got {a} and {b}", operand=1)
     if a.shape[-1] != b.shape[-2]:
-        raise OpTypeError(
-            f"matmul: inner dimensions differ ({a} @ {b}: {a.shape[-1]} != {b.shape[-2]})", operand=1
-        )
+        raise OpTypeError(f"matmul: inner dimensions differ ({a} @ {b}: "
+                          f"{a.shape[-1]} != {b.shape[-2]})", operand=1)
     return a.with_shape(a.shape[:-1] + (b.shape[-1],))
 
 
@@ -347,7 +355,8 @@ register(OpDef("matmul", "matmul", 2, _infer_matmul, lambda a, _, t: np.matmul(a
                traits=frozenset({"differentiable"}), doc="np.matmul with equal batch dimensions"))
 
 
-def _infer_transpose(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_transpose(ins: Sequence[TensorType], attrs: Attrs,
+                     written: TensorType | None) -> TensorType:
     x = ins[0]
     perm = tuple(attrs["perm"])
     if sorted(perm) != list(range(x.rank)):
@@ -362,22 +371,26 @@ register(OpDef("transpose", "transpose", 1, _infer_transpose,
                doc="np.transpose(x, perm)"))
 
 
-def _infer_reshape(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_reshape(ins: Sequence[TensorType], attrs: Attrs,
+                   written: TensorType | None) -> TensorType:
     t = _written(written, "reshape")
     x = ins[0]
     if x.dtype != t.dtype:
         raise OpTypeError(f"reshape cannot change the dtype ({x} to {t}); use cast", operand=0)
     if x.size != t.size:
-        raise OpTypeError(f"reshape must keep the element count: {x} has {x.size}, {t} has {t.size}",
-                          operand=0)
+        raise OpTypeError(f"reshape must keep the element count: {x} has {x.size}, {t} has "
+                          f"{t.size}", operand=0)
     return t
 
 
-register(OpDef("reshape", "reshape", 1, _infer_reshape, lambda a, _, t: a[0].reshape(t.shape).copy(),
-               traits=frozenset({"written_type", "differentiable", "layout"}), doc="row-major reshape"))
+register(OpDef("reshape", "reshape", 1, _infer_reshape,
+               lambda a, _, t: a[0].reshape(t.shape).copy(),
+               traits=frozenset({"written_type", "differentiable", "layout"}),
+               doc="row-major reshape"))
 
 
-def _infer_slice(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_slice(ins: Sequence[TensorType], attrs: Attrs,
+                 written: TensorType | None) -> TensorType:
     x = ins[0]
     start, stop = tuple(attrs["start"]), tuple(attrs["stop"])
     for name, v in (("start", start), ("stop", stop)):
@@ -392,12 +405,14 @@ def _infer_slice(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | 
 
 
 register(OpDef("slice", "slice", 1, _infer_slice,
-               lambda a, attrs, t: a[0][tuple(slice(s, e) for s, e in zip(attrs["start"], attrs["stop"]))].copy(),
+               lambda a, attrs, t: a[0][tuple(
+                   slice(s, e) for s, e in zip(attrs["start"], attrs["stop"]))].copy(),
                attrs=(("start", INTS), ("stop", INTS)), traits=frozenset({"differentiable"}),
                doc="x[start:stop] per axis"))
 
 
-def _infer_concat(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_concat(ins: Sequence[TensorType], attrs: Attrs,
+                  written: TensorType | None) -> TensorType:
     first = ins[0]
     axis = attrs["axis"]
     if not 0 <= axis < first.rank:
@@ -417,7 +432,8 @@ register(OpDef("concat", "concat", None, _infer_concat,
                attrs=(("axis", INT),), traits=frozenset({"differentiable"}), doc="np.concatenate"))
 
 
-def _infer_cast(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_cast(ins: Sequence[TensorType], attrs: Attrs,
+                written: TensorType | None) -> TensorType:
     t = _written(written, "cast")
     if ins[0].shape != t.shape:
         raise OpTypeError(f"cast keeps the shape: {ins[0]} cannot become {t}", operand=0)
@@ -429,7 +445,8 @@ register(OpDef("cast", "cast", 1, _infer_cast, lambda a, _, t: a[0].astype(t.dty
                doc="x.astype(dtype)"))
 
 
-def _infer_call(ins: Sequence[TensorType], attrs: Attrs, written: TensorType | None) -> TensorType:
+def _infer_call(ins: Sequence[TensorType], attrs: Attrs,
+                written: TensorType | None) -> TensorType:
     raise OpTypeError("call is typed by the verifier from its callee's signature")
 
 

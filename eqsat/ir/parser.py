@@ -114,7 +114,8 @@ class _Parser:
         items: list[Any] = []
         while not self.at("eof"):
             if not self.at("ident", "func"):
-                raise self.error(f"expected 'func' to start a function, found {self.tok.describe()}")
+                raise self.error(
+                    f"expected 'func' to start a function, found {self.tok.describe()}")
             items.append(self.item())
         return Module.of(name, items)
 

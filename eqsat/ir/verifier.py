@@ -152,7 +152,8 @@ class _Checker:
                 name, it = stack[-1]
                 for callee, loc, col in it:
                     if callee not in self.items:
-                        what = "differentiates" if isinstance(self.items[name], GradDecl) else "calls"
+                        what = ("differentiates" if isinstance(self.items[name], GradDecl)
+                                else "calls")
                         raise self.fail(f"@{name} {what} @{callee}, which is not defined", loc, col)
                     if state.get(callee) == 1:
                         cycle = path[path.index(callee):] + [callee]

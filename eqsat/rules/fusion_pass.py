@@ -131,7 +131,8 @@ class FusionPass:
                 break
             eg.run("\n".join(lines[i:i + CHUNK]))
             done = i + CHUNK
-        eg.__dict__["_fusion_line_seconds"] = (time.perf_counter() - t1) / max(1, min(done, len(lines)))
+        measured = (time.perf_counter() - t1) / max(1, min(done, len(lines)))
+        eg.__dict__["_fusion_line_seconds"] = measured
         for cand in unions[:max(0, done - (len(lines) - len(unions)))]:
             counts[cand.rule] += 1
         return counts

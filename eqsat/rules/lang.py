@@ -224,7 +224,9 @@ class Fn:
     index: int = 0
 
     def __str__(self) -> str:
-        return f"dim({self.var}, {self.index})" if self.name == "dim" else f"{self.name}({self.var})"
+        if self.name == "dim":
+            return f"dim({self.var}, {self.index})"
+        return f"{self.name}({self.var})"
 
 
 def _term_str(t: Any) -> str:
