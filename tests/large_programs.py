@@ -21,6 +21,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 import eqsat
+from eqsat.backend import entry
 from eqsat.ir import DType, Function, GradDecl, Module, TensorType
 from eqsat.ir import dsl
 from eqsat.ir.dsl_trace import Tracer, tracing
@@ -209,9 +210,10 @@ def row_reductions(draw) -> Case:
     """Row statistics followed by maps (softmax, layernorm, rmsnorm, centering,
     logsumexp), rank 2 or 3, over the last axis or another, then maybe a product."""
     dtype = draw(st.sampled_from(FLOATS))
-    if draw(st.integers(0, 3)) == 0:  # a result of over 4 MiB: the entry streams it
-        shape = [draw(st.sampled_from((16, 32))), draw(st.sampled_from((257, 300))),
-                 draw(st.sampled_from((257, 300)))]
+    if draw(st.integers(0, 3)) == 0:  # a result the entry streams (see entry.STREAM_MIN)
+        rows, cols = draw(st.sampled_from((257, 300))), draw(st.sampled_from((257, 300)))
+        lead = -(-entry.STREAM_MIN // (rows * cols * dtype.itemsize))
+        shape = [lead + draw(st.integers(0, 3)), rows, cols]
     else:
         shape = [dims(draw, ROWS), dims(draw)]
         if draw(st.booleans()):
