@@ -138,6 +138,9 @@ TICKET, SLEEPING, SLOT_TASK, SLOT_ARG, SLOT_TID = 0, 1, 2, 3, 4  # one cache lin
 # process's affinity mask except the one the caller is on (a syscall, on this path only; a
 # spinning worker is already on a CPU of its own). CPU_WORDS: the mask's 64-bit words.
 CPU_WORDS = 16
+# The gettid system call's number per architecture (glibc's own gettid() is only 2.30+); where
+# it is unknown, workers publish no id and are not steered.
+SYS_GETTID = {"x86_64": 186, "aarch64": 178}
 
 
 def _spin(b: ir.IRBuilder, ready: Callable[[ir.IRBuilder, str], ir.Value],
@@ -258,7 +261,7 @@ def runtime_ir(triple: str, data_layout: str) -> str:
     sem_wait = declare(m, "sem_wait", I32, [semp])
     sem_post = declare(m, "sem_post", I32, [semp])
     getpid = declare(m, "getpid", I32, [])
-    gettid = declare(m, "gettid", I32, [])
+    nr_gettid = SYS_GETTID.get(triple.split("-")[0])
     getaff = declare(m, "sched_getaffinity", I32, [I32, I64, VOIDP])
     create = declare(m, "pthread_create", I32, [I64.as_pointer(), VOIDP, TASK.as_pointer(), VOIDP])
     detach = declare(m, "pthread_detach", I32, [I64])
@@ -279,7 +282,11 @@ def runtime_ir(triple: str, data_layout: str) -> str:
     worker.linkage = "internal"
     b = ir.IRBuilder(worker.append_basic_block("entry"))
     me = b.trunc(b.ptrtoint(worker.args[0], I64), I32)
-    b.store_atomic(b.call(gettid, []), slot(b, me, SLOT_TID), "release", 4)
+    if nr_gettid is not None:
+        syscall = m.globals.get("syscall") or ir.Function(
+            m, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
+        tid = b.trunc(b.call(syscall, [i64(nr_gettid)]), I32)
+        b.store_atomic(tid, slot(b, me, SLOT_TID), "release", 4)
     seen = b.alloca(I32)
     b.store(zero, seen)
     loop = b.append_basic_block("loop")
