@@ -203,7 +203,7 @@ def test_identities_removed():
 func @f(%x: f32[64], %y: f32[64]) -> f32[64] {
   %one = const 1.0 : f32[64]
   %a = mul %x, %one : f32[64]
-  %zero = const 0.0 : f32[64]
+  %zero = const -0.0 : f32[64]
   %b = add %a, %zero : f32[64]
   %c = neg %b : f32[64]
   %d = neg %c : f32[64]
@@ -398,3 +398,36 @@ func @f(%x: f32[8,4]) -> f32[8,4] {
         out, report = optimize_with_report(m, bad, target="cuda")
     assert out == m and report.functions[0].kept_input
     assert "eqsat.rules.check" in str(report)
+
+
+def test_signed_zeros_survive_optimization():
+    """x + 0.0 is not x (at x = -0.0 it is +0.0), 0.0 - x is not -x (at x = +0.0), and the
+    constants -0.0 and 0.0 stay apart (egglog's f64 equality does not tell them apart): each
+    shows through a reciprocal as -inf against inf."""
+    m = parse("""module @m
+func @f(%x: f64[2]) -> (f64[2], f64[2], f64[2], f64[2]) {
+  %p = const 0.0 : f64[2]
+  %n = const -0.0 : f64[2]
+  %a = add %x, %p : f64[2]
+  %b = sub %p, %x : f64[2]
+  %c = mul %x, %n : f64[2]
+  %d = mul %x, %p : f64[2]
+  %ra = recip %a : f64[2]
+  %rb = recip %b : f64[2]
+  %rc = recip %c : f64[2]
+  %rd = recip %d : f64[2]
+  return %ra, %rb, %rc, %rd
+}
+""")
+    out = optimize(m)
+    x = np.array([-0.0, 0.0])
+    for got, want in zip(interpret(out, "f", x), interpret(m, "f", x)):
+        np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+        np.testing.assert_array_equal(got, want)
+    assert ops(optimize(parse("""module @m
+func @f(%x: f32[8]) -> f32[8] {
+  %n = const -0.0 : f32[8]
+  %a = add %x, %n : f32[8]
+  return %a
+}
+""")), "f")["add"] == 0  # x + (-0.0) is x exactly

@@ -12,13 +12,13 @@ from .lang import RuleSet, parse, through_elementwise
 IDENTITIES = """
 rule mul_one: mul(?x, const(1.0)) => ?x
 rule one_mul: mul(const(1.0), ?x) => ?x
-rule add_zero: add(?x, const(0.0)) => ?x
-rule zero_add: add(const(0.0), ?x) => ?x
+rule add_zero: add(?x, neg(const(0.0))) => ?x
+rule zero_add: add(neg(const(0.0)), ?x) => ?x
 rule sub_zero: sub(?x, const(0.0)) => ?x
 rule div_one: div(?x, const(1.0)) => ?x
 rule neg_neg: neg(neg(?x)) => ?x
 rule log_exp: log(exp(?x)) => ?x
-rule sub_self_neg: sub(const(0.0), ?x) => neg(?x)
+rule sub_self_neg: sub(neg(const(0.0)), ?x) => neg(?x)
 rule mul_neg_one: mul(?x, const(-1.0)) => neg(?x)
 rule exp_add: mul(exp(?x), exp(?y)) => exp(add(?x, ?y))
 rule recip_rsqrt: recip(sqrt(?x)) => rsqrt(?x)

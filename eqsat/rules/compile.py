@@ -135,6 +135,10 @@ class _Compiler:
             # a float constant only for float dtypes, an integer one only for the others
             self.facts.append(f"({'int' if is_int else 'float'}-dtype {dt})")
             lit = str(value.value) if is_int else self.value(value)
+            if not is_int and not isinstance(value, Num):
+                # a computed float never folds to a zero: egglog's f64 equality does not tell
+                # -0.0 from 0.0, so a zero result could join the class of the other zero
+                self.facts.append(f"(!= {lit} 0.0)")
             return f"({'ConstI' if is_int else 'ConstF'} {lit} {dt} {sh})"
         enc = schema.encodings()[p.op]
         args = [self.rhs(a) for a in p.args]
