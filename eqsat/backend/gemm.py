@@ -33,7 +33,7 @@ from ..ir.types import DType, TensorType
 from . import settings
 from .gemm_blocks import Blocking, blocking, micro_kernel, pack_fn
 from .loops import for_range, i64, row_major_strides, strided_offset
-from .scalar import I64, llvm_type
+from .scalar import I64, internal_function, llvm_type
 
 if TYPE_CHECKING:  # llvm_kernels imports this module
     from .llvm_kernels import Kernel, KernelBuilder
@@ -123,18 +123,14 @@ def _driver(module: ir.Module, dtype: DType, bl: Blocking) -> ir.Function:
     noinline: its packing buffers are a large stack frame, which must not add up in a
     caller."""
     ety = llvm_type(dtype)
-    name = f"eqsat.gemm.drv.{dtype}.{bl.mr}x{bl.nr}"
-    fn = module.globals.get(name)
-    if fn is not None:
-        return fn
     p = ety.as_pointer()
     epi_ty = _epilogue_type(dtype)
-    fn = ir.Function(module, ir.FunctionType(
-        ir.VoidType(), [p, p, p, *[I64] * len(DRIVER_ARGS), epi_ty.as_pointer(),
-                        I8P.as_pointer()]), name)
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
-    fn.attributes.add("noinline")
+    fnty = ir.FunctionType(ir.VoidType(), [p, p, p, *[I64] * len(DRIVER_ARGS),
+                                           epi_ty.as_pointer(), I8P.as_pointer()])
+    fn, new = internal_function(module, f"eqsat.gemm.drv.{dtype}.{bl.mr}x{bl.nr}", fnty,
+                                ("nounwind", "noinline"))
+    if not new:
+        return fn
     for a in fn.args[:3]:
         a.add_attribute("noalias")
     c, pa, pb = fn.args[:3]

@@ -10,7 +10,7 @@ from llvmlite import ir
 from ..ir.types import DType
 from . import jit
 from .loops import for_range, i64
-from .scalar import I1, I64, llvm_type
+from .scalar import I1, I64, declare, internal_function, llvm_type
 
 
 @dataclass(frozen=True)
@@ -46,34 +46,29 @@ def micro_kernel(module: ir.Module, dtype: DType, bl: Blocking) -> ir.Function:
     """`void uk(T* ap, T* bp, i64 kc, T* c, i64 ldc, i64 rows, i64 cols, i1 acc)`: the tile
     C[rows x cols] (acc: +)= ap[kc x MR]^T @ bp[kc x NR], both packed panels."""
     ety = llvm_type(dtype)
-    name = f"eqsat.gemm.uk.{dtype}.{bl.mr}x{bl.nr}"
-    fn = module.globals.get(name)
-    if fn is not None:
-        return fn
     p = ety.as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64, p, I64, I64, I64, I1]),
-                     name)
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
     # Not inlined into the driver: LLVM's loop passes over the driver's nest would take
     # several times as long, for nothing (a call per tile of MR x NR x KC steps).
-    fn.attributes.add("noinline")
+    fn, new = internal_function(
+        module, f"eqsat.gemm.uk.{dtype}.{bl.mr}x{bl.nr}",
+        ir.FunctionType(ir.VoidType(), [p, p, I64, p, I64, I64, I64, I1]),
+        ("nounwind", "noinline"))
+    if not new:
+        return fn
     for a in (fn.args[0], fn.args[1], fn.args[3]):
         a.add_attribute("noalias")
     ap, bp, kc, c, ldc, rows, cols, acc = fn.args
     w, mr, nv = bl.lanes, bl.mr, bl.nr // bl.lanes
     vty = ir.VectorType(ety, w)
     vptr = vty.as_pointer()
-    fma = module.globals.get(f"llvm.fma.v{w}{_sfx(dtype)}") or ir.Function(
-        module, ir.FunctionType(vty, [vty, vty, vty]), f"llvm.fma.v{w}{_sfx(dtype)}")
+    fma = declare(module, f"llvm.fma.v{w}{_sfx(dtype)}", vty, [vty, vty, vty])
     zero = ir.Constant(vty, None)
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     # Fetch the C tile (for writing) while the depth loop runs: its lines are far from L1 by
     # now, and waiting for them at the end costs a good part of a tile. Prefetches never fault,
     # so the rows and columns of an edge tile beyond C need no guard.
-    pf = module.globals.get("llvm.prefetch.p0") or ir.Function(
-        module, ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), *[ir.IntType(32)] * 3]),
-        "llvm.prefetch.p0")
+    pf = declare(module, "llvm.prefetch.p0", ir.VoidType(),
+                 [ir.IntType(8).as_pointer(), *[ir.IntType(32)] * 3])
     i32 = ir.IntType(32)
     per_line = 64 // dtype.itemsize
     for i in range(mr):
@@ -253,15 +248,13 @@ def pack_fn(module: ir.Module, dtype: DType, r: int, lanes: int) -> ir.Function:
     values; the layouts that have a fast path (contiguous across, or contiguous along the
     depth) are tested once per panel."""
     ety = llvm_type(dtype)
-    name = f"eqsat.gemm.pack.{dtype}.{r}.{lanes}"
-    fn = module.globals.get(name)
-    if fn is not None:
-        return fn
     p = ety.as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64, I64, I64, I64]), name)
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
-    fn.attributes.add("noinline")  # as the micro-kernel: a call per packed block
+    # noinline as the micro-kernel: a call per packed block
+    fn, new = internal_function(module, f"eqsat.gemm.pack.{dtype}.{r}.{lanes}",
+                                ir.FunctionType(ir.VoidType(), [p, p, I64, I64, I64, I64]),
+                                ("nounwind", "noinline"))
+    if not new:
+        return fn
     for a in fn.args[:2]:
         a.add_attribute("noalias")
     dst, src, width, depth, s_w, s_d = fn.args

@@ -19,7 +19,8 @@ from ..ir.ops import element_cost, lookup
 from ..ir.types import DType, TensorType
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
                     streamed_nest, with_trig_fallback)
-from .scalar import I8, I64, LoweringError, const, emit_scalar, intrinsic, llvm_type
+from .scalar import (I8, I64, LoweringError, const, declare, emit_scalar, intrinsic,
+                     llvm_type)
 
 # The alignment of every result array the runtime allocates (so a streamed row needs no
 # unaligned head, see loops.streamed_nest).
@@ -91,9 +92,7 @@ class KernelBuilder:
         """`ret void`, after a store fence where the kernel streamed (non-temporal stores are
         weakly ordered: another thread must see them once this kernel is joined)."""
         if self.stream:
-            fence = self.module.globals.get("llvm.x86.sse.sfence") or ir.Function(
-                self.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence")
-            b.call(fence, [])
+            b.call(declare(self.module, "llvm.x86.sse.sfence", ir.VoidType(), []), [])
         b.ret_void()
 
 

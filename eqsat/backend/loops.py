@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
-from .scalar import I64
+from .scalar import I64, internal_function
 
 Dims = list[tuple[int, list[int]]]  # (extent, stride of each pointer in elements) per loop
 
@@ -150,14 +150,11 @@ def stream_dims(dims: Dims) -> Dims | None:
 def _stream_copy(module: ir.Module, ty: ir.Type, itemsize: int) -> ir.Function:
     """`void copy(T* dst, T* src, i64 n)`: dst[0:n] = src[0:n], the 64-byte-aligned middle of
     dst written with non-temporal vector stores (they skip the read of each destination line)."""
-    name = f"eqsat.stream_copy.{ty}"
-    fn = module.globals.get(name)
-    if fn is not None:
-        return fn
     p = ty.as_pointer()
-    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [p, p, I64]), name)
-    fn.linkage = "internal"
-    fn.attributes.add("nounwind")
+    fn, new = internal_function(module, f"eqsat.stream_copy.{ty}",
+                                ir.FunctionType(ir.VoidType(), [p, p, I64]), ("nounwind",))
+    if not new:
+        return fn
     dst, src, n = fn.args
     width = 64 // itemsize
     vec = ir.VectorType(ty, width)

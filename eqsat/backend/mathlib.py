@@ -24,6 +24,7 @@ from llvmlite import ir
 from eqsat.backend import mathlib_explog as explog
 from eqsat.backend import mathlib_trig as trig
 from eqsat.backend.mathlib_emit import Emit, Value
+from eqsat.backend.scalar import internal_function
 from eqsat.errors import Error
 
 
@@ -77,15 +78,11 @@ def define(module: ir.Module, name: str, ty: ir.Type) -> ir.Function:
     ir.DoubleType()) in `module`, created on first use and reused after."""
     if name not in KERNELS:  # the small variants are accepted too
         raise Error(f"no math function {name!r}; the math library has {', '.join(NAMES)}")
-    symbol = function_name(name, ty)
-    existing = module.globals.get(symbol)
-    if existing is not None:
-        return existing
     arity, kernel = KERNELS[name]
-    fn = ir.Function(module, ir.FunctionType(ty, [ty] * arity), symbol)
-    fn.linkage = "internal"
-    fn.attributes.add("alwaysinline")
-    fn.attributes.add("nounwind")
+    fn, new = internal_function(module, function_name(name, ty),
+                                ir.FunctionType(ty, [ty] * arity), ("alwaysinline", "nounwind"))
+    if not new:
+        return fn
     builder = ir.IRBuilder(fn.append_basic_block("entry"))
     builder.ret(kernel(Emit(builder, ty), *fn.args))
     return fn

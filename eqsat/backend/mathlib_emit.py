@@ -14,6 +14,8 @@ from collections.abc import Sequence
 import llvmlite.binding as llvm
 from llvmlite import ir
 
+from .scalar import declare
+
 Value = ir.Value
 
 
@@ -73,10 +75,7 @@ class Emit:
     def _intr(self, name: str, *args: Value) -> Value:
         module = self.b.module
         suffix = "f64" if self.bits == 64 else "f32"
-        full = f"llvm.{name}.{suffix}"
-        fn = module.globals.get(full)
-        if fn is None:
-            fn = ir.Function(module, ir.FunctionType(self.ty, [self.ty] * len(args)), full)
+        fn = declare(module, f"llvm.{name}.{suffix}", self.ty, [self.ty] * len(args))
         return self.b.call(fn, list(args))
 
     def fma(self, a: Value | float, b: Value | float, c: Value | float) -> Value:
@@ -164,10 +163,7 @@ class Emit:
         return self.from_bits(self.b.shl(self.b.add(k, self.ci(self.bias)), self.ci(self.mant)))
 
     def _decl(self, full: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
-        fn = self.b.module.globals.get(full)
-        if fn is None:
-            fn = ir.Function(self.b.module, ir.FunctionType(ret, args), full)
-        return fn
+        return declare(self.b.module, full, ret, args)
 
     def lrint(self, x: Value) -> Value:
         """x rounded to the nearest integer (ties to even), as i32 (one vcvtps2dq; rint and a

@@ -22,7 +22,7 @@ from . import blas, settings
 from .jit import POOL_ENTRY, POOL_SYMBOL
 from .llvm_kernels import Kernel
 from .loops import for_range, i64
-from .scalar import I8, I32, I64, declare, intrinsic
+from .scalar import I8, I32, I64, declare, internal_function, intrinsic
 
 # Bytes plus operations below which a kernel runs on the calling thread alone.
 PARALLEL_MIN_WORK = 1 << 22
@@ -41,12 +41,9 @@ def _trampoline(kernel: Kernel, ctx_ty: ir.LiteralStructType) -> ir.Function:
     from the shared counter (next start, extent, chunk, pointers...) and run them until none
     is left."""
     module = kernel.fn.module
-    name = f"{kernel.fn.name}.thread"
-    fn = module.globals.get(name)
-    if fn is not None:
+    fn, new = internal_function(module, f"{kernel.fn.name}.thread", TASK)
+    if not new:
         return fn
-    fn = ir.Function(module, TASK, name)
-    fn.linkage = "internal"
     b = ir.IRBuilder(fn.append_basic_block("entry"))
     setter = (blas.declare_threads(module)
               if blas.calls_gemm(module) else None)
@@ -283,8 +280,7 @@ def runtime_ir(triple: str, data_layout: str) -> str:
     b = ir.IRBuilder(worker.append_basic_block("entry"))
     me = b.trunc(b.ptrtoint(worker.args[0], I64), I32)
     if nr_gettid is not None:
-        syscall = m.globals.get("syscall") or ir.Function(
-            m, ir.FunctionType(I64, [I64], var_arg=True), "syscall")
+        syscall = declare(m, "syscall", I64, [I64], var_arg=True)
         tid = b.trunc(b.call(syscall, [i64(nr_gettid)]), I32)
         b.store_atomic(tid, slot(b, me, SLOT_TID), "release", 4)
     seen = b.alloca(I32)

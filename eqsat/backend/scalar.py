@@ -46,12 +46,27 @@ def const(ty: ir.Type, value: float | int) -> ir.Constant:
     return ir.Constant(ty, value)
 
 
-def declare(module: ir.Module, name: str, ret: ir.Type, args: Sequence[ir.Type]) -> ir.Function:
+def declare(module: ir.Module, name: str, ret: ir.Type, args: Sequence[ir.Type],
+            var_arg: bool = False) -> ir.Function:
     """An external or intrinsic function, declared once per module."""
     fn = module.globals.get(name)
     if fn is None:
-        fn = ir.Function(module, ir.FunctionType(ret, list(args)), name)
+        fn = ir.Function(module, ir.FunctionType(ret, list(args), var_arg=var_arg), name)
     return fn
+
+
+def internal_function(module: ir.Module, name: str, fnty: ir.FunctionType,
+                      attrs: Sequence[str] = ()) -> tuple[ir.Function, bool]:
+    """The module's internal function `name` and whether it was created now, with `attrs`
+    (then the caller emits its body): a helper that many kernels call is defined once."""
+    fn = module.globals.get(name)
+    if fn is not None:
+        return fn, False
+    fn = ir.Function(module, fnty, name)
+    fn.linkage = "internal"
+    for attr in attrs:
+        fn.attributes.add(attr)
+    return fn, True
 
 
 def _suffix(ty: ir.Type) -> str:
