@@ -116,8 +116,8 @@ def const_term(value: Any, t: TensorType) -> str:
         # the value the program computes with (f32 rounds), so folding cannot see another one
         value = float(t.dtype.np.type(value))
         negative_zero = value == 0 and math.copysign(1.0, value) < 0
-        term = f'(ConstF {_float(abs(value))} "{t.dtype}" {_vec(t.shape)})' if negative_zero \
-            else f'(ConstF {_float(value)} "{t.dtype}" {_vec(t.shape)})'
+        magnitude = abs(value) if negative_zero else value
+        term = f'(ConstF {_float(magnitude)} "{t.dtype}" {_vec(t.shape)})'
         # egglog's f64 equality does not tell -0.0 from 0.0: a negative zero enters as the
         # negation of a positive one, or the two constants would share an e-class
         return f"({schema.ctor('neg')} {term})" if negative_zero else term
