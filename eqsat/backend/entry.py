@@ -196,16 +196,21 @@ def gemm_views(func: Function, live: Sequence[int]) -> dict[str, list[int]]:
             continue
         xs = row_major_strides(types[s.operands[0]].shape)
         view = [xs[p] for p in s.attr["perm"]]
-        def readable(u: Stmt, pos: int) -> bool:
-            if u.op != "matmul" or pos >= 2:
-                return False
-            k = types[u.operands[0]].shape[-1]
-            return blas_pays(u.type, k) and (gemm_pays(u.type, k)
-                                             or gemm_layout_ok(view, types[t].shape))
-
-        if all(readable(u, pos) for u, pos in users[t]):
+        if all(_reads_in_place(u, pos, types[u.operands[0]], view, types[t].shape)
+               for u, pos in users[t]):
             views[t] = view
     return views
+
+
+def _reads_in_place(user: Stmt, pos: int, a: TensorType, view: list[int],
+                    shape: Sequence[int]) -> bool:
+    """Whether `user` (first operand of type `a`) can read its operand at `pos`, of `shape`,
+    in place through strides `view`: a BLAS-sized matmul on the generated GEMM reads any
+    strides, one on the host BLAS only what gemm_layout_ok allows."""
+    if user.op != "matmul" or pos >= 2:
+        return False
+    k = a.shape[-1]
+    return blas_pays(user.type, k) and (gemm_pays(user.type, k) or gemm_layout_ok(view, shape))
 
 
 def plan_module(module: Module) -> dict[str, Plan]:
