@@ -187,6 +187,43 @@ def test_reduction_shares_its_elements_with_the_map(fresh, threads: int) -> None
             assert text.count("@\"eqsat.exp.") <= 2  # the definition and one call
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sharing_across_the_reciprocal_of_the_sums(fresh, threads: int) -> None:
+    """The optimizer's softmax multiplies by the reciprocal of the sums, computed between the
+    reduction and the map: the exp is still computed once, the whole softmax one group."""
+    fresh(threads, 0)
+    x = np.random.default_rng(8).standard_normal((129, 1031)).astype(np.float32) * 10
+    text = check(softmax_text(129, 1031), x)
+    assert "map_reduce_keeping" in text and text.count("@\"eqsat.exp.") <= 2
+    fn = text.split('define void @"eqsat.fn.f"')[1].split("\n}\n")[0]
+    assert fn.count("chunked") == 1
+
+
+def test_no_sharing_over_a_buffer_read_in_between(fresh) -> None:
+    """The map's buffer reuses that of %t, read between the reduction and the map: the
+    reduction must not write the map's elements early (it would overwrite %t)."""
+    fresh(1, 1 << 30)
+    text = """module @m
+func @f(%x: f64[300,300], %w: f64[300,300]) -> f64[300,300] {
+  %t = mul %w, %w : f64[300,300]
+  %m = max %x, axes=[1] : f64[300]
+  %m1 = reshape %m : f64[300,1]
+  %s = map_reduce %x, %m1, body=exp(sub($0, $1)), reduce=sum, axes=[1] : f64[300]
+  %u = sum %t, axes=[1] : f64[300]
+  %u1 = reshape %u : f64[300,1]
+  %s1 = reshape %s : f64[300,1]
+  %y = map %x, %m1, %s1, %u1, body=div(exp(sub($0, $1)), add($2, $3)) : f64[300,300]
+  %z = add %y, %x : f64[300,300]
+  return %z
+}
+"""
+    rng = np.random.default_rng(9)
+    x, w = rng.standard_normal((300, 300)), rng.standard_normal((300, 300)) + 5
+    plan = entry.plan_function(parse(text).functions[0], {})
+    assert plan.where["y"] == plan.where["t"]  # the hazard this test is about
+    assert "map_reduce_keeping" not in check(text, x, w, rtol=1e-9)
+
+
 def test_sharing_into_an_arena_buffer(fresh) -> None:
     """The map's result lives in the arena (then is used again): still correct."""
     fresh(2, 0)

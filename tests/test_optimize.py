@@ -17,7 +17,7 @@ from eqsat.errors import Error
 from eqsat.extract import function_costs, optimize, optimize_with_report
 from eqsat.extract.optimize import _Index
 from eqsat import interpret
-from eqsat.ir import DType, Module, parse
+from eqsat.ir import DType, Module, parse, print_module
 from eqsat.rules import Limits, algebraic, default, layout, load, saturate, usable_nodes
 from eqsat.rules import parse as parse_rules
 from eqsat.testing import functions, modules
@@ -249,6 +249,25 @@ func @g(%x: f64[32], %n: i32[32]) -> (f64[32], f64[32], f64[32], i32[32]) {
     same_results(m, out, "f", x)
     n = np.arange(-16, 16, dtype=np.int32)
     same_results(m, out, "g", np.linspace(-3, 3, 32), n)
+
+
+def test_division_by_a_broadcast_becomes_a_product():
+    """A softmax divides every element by its row's sum: the optimizer takes one reciprocal
+    per row and multiplies (a division costs several multiplications)."""
+    m = parse("""module @m
+func @f(%x: f32[256,128]) -> f32[256,128] {
+  %e = exp %x : f32[256,128]
+  %s = sum %e, axes=[1] : f32[256]
+  %s1 = reshape %s : f32[256,1]
+  %sb = broadcast %s1 : f32[256,128]
+  %y = div %e, %sb : f32[256,128]
+  return %y
+}
+""")
+    out = optimize(m, target="cpu")
+    text = print_module(out)
+    assert "div" not in text and "recip(" in text, text
+    same_results(m, out, "f", rand(256, 128))
 
 
 def test_elementwise_chain_becomes_one_fused_kernel():

@@ -5,7 +5,9 @@ A softmax optimizes to `s = map_reduce x, m, body=exp(sub($0, $1)), reduce=sum` 
 already computed. When the map's result has the reduction's domain, the reduction can store its
 element values straight into the map's result buffer, and the map then reads them back in place
 of the repeated sub-body (`div($3, $2)` with $3 = y itself): one exp per element instead of two,
-and the second read of y comes from cache when the entry runs the pair row-chunked.
+and the second read of y comes from cache when the entry runs the pair row-chunked. A few
+statements may come in between (the optimizer's softmax takes the reciprocal of its sums there)
+as long as none of them touches y's buffer.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from ..ir.module import Function, Stmt
 from ..ir.scalar_expr import App, Arg, Expr, body_args, check_body, substitute
 
 Buffer = tuple[str, int, int]  # as chunks.Buffer: (kind, offset or index, bytes)
+LOOKAHEAD = 4  # statements between a reduction and the map that may share its elements
 
 
 @dataclass
@@ -49,6 +52,19 @@ def _overlap(a: Buffer, b: Buffer) -> bool:
     return a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
 
 
+def _consumer(body: Sequence[Stmt], live: Sequence[int], pos: int,
+              domain: tuple[int, ...]) -> int | None:
+    """The position in `live` of the first map over `domain` after `pos`, looking at most
+    LOOKAHEAD statements ahead and not past a call (its callee's arena is out of sight)."""
+    for k in range(pos + 1, min(len(live), pos + 1 + LOOKAHEAD)):
+        s = body[live[k]]
+        if s.op == "call":
+            return None
+        if s.op == "map" and tuple(s.type.shape) == domain:
+            return k
+    return None
+
+
 def find_shares(func: Function, live: Sequence[int], root: Callable[[str], str],
                 where: Callable[[str], Buffer]) -> dict[int, Share]:
     """Every (map_reduce, map) pair of `func` that can share element values, by statement
@@ -60,20 +76,19 @@ def find_shares(func: Function, live: Sequence[int], root: Callable[[str], str],
         r = body[idx]
         if r.op != "map_reduce" or idx in out:
             continue
-        # The consumer must come next, reshapes aside: nothing else may touch its buffer
-        # between the reduction writing it and the map reading it.
-        nxt = pos + 1
-        while nxt < len(live) and body[live[nxt]].op == "reshape":
-            nxt += 1
-        if nxt == len(live):
+        # The consumer is the first map over the reduction's domain within a few statements
+        # (a softmax may take the reciprocal of its sums in between); nothing in between may
+        # touch the consumer's buffer, which the reduction writes early.
+        domain = tuple(fused.domain([types[o] for o in r.operands]))
+        element = check_body(r.attr["body"], [types[o].dtype for o in r.operands])
+        nxt = _consumer(body, live, pos, domain)
+        if nxt is None or live[nxt] in out:
             continue
         m = body[live[nxt]]
-        if m.op != "map" or live[nxt] in out:
+        if m.type.dtype != element:
             continue
-        domain = fused.domain([types[o] for o in r.operands])
-        element = check_body(r.attr["body"], [types[o].dtype for o in r.operands])
-        if tuple(m.type.shape) != tuple(domain) or m.type.dtype != element:
-            continue
+        between = {root(v) for i in live[pos + 1:nxt] for v in (*body[i].operands,
+                                                                 *body[i].results)}
         key = [(root(o), types[o]) for o in m.operands]
         mapping: dict[int, Expr] = {}
         for i in body_args(r.attr["body"]):
@@ -88,7 +103,8 @@ def find_shares(func: Function, live: Sequence[int], root: Callable[[str], str],
             new_body, hit = _replace(m.attr["body"], shared, Arg(len(m.operands)))
             y = m.results[0]
             mine = where(root(y))
-            if not hit or any(_overlap(mine, where(root(v))) for v in (*r.operands, *r.results)):
+            others = {root(v) for v in (*r.operands, *r.results)} | between
+            if not hit or any(_overlap(mine, where(v)) for v in others):
                 continue
             attrs = {**m.attr, "body": new_body}
             stmt = Stmt(m.results, "map", (*m.operands, y), attrs, m.types)

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import Error
-from ..ir.fused import domain
+from ..ir.fused import body_flops, domain
 from ..ir.module import Function, Module
 from ..ir.ops import OPS, element_cost
-from ..ir.scalar_expr import body_cost
 from ..ir.types import TensorType
 from ..ir.verifier import verify
 
@@ -106,19 +105,6 @@ def const_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
 
 def _free(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     return Work()
-
-
-def body_flops(body: Any, operands: Types, shape: Sequence[int]) -> float:
-    """Flops of a fused kernel's body evaluated at every point of `shape`, its operands
-    broadcast to it: subterms reading no operand that varies along the last axis cost once per
-    row (generated loops hoist them out of the innermost loop: a layer norm's 1/sqrt(var + eps)
-    is not recomputed per element)."""
-    size = math.prod(shape)
-    inner = shape[-1] if shape else 1
-    varying = [i for i, t in enumerate(operands) if inner > 1 and t.shape[-1:] == (inner,)]
-    per_element = body_cost(body, varying)
-    per_row = body_cost(body) - per_element
-    return per_element * size + (per_row * (size // inner) if inner else 0.0)
 
 
 # A fused kernel reads its operands once (at their own size: broadcasting happens in

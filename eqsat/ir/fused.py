@@ -12,6 +12,7 @@ kernel of their own). Their bodies are scalar expressions (`scalar_expr`):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -23,8 +24,8 @@ from .ops import (INT, INTS, OPS, Attrs, OpDef, OpTypeError, _axes, _written, br
                   ops_in, register)
 from .parser import ATTR_PARSERS
 from .printer import ATTR_FORMATTERS
-from .scalar_expr import (App, Arg, Lit, body_args, check_body, eval_body, fold, format_body,
-                          read_body)
+from .scalar_expr import (App, Arg, Lit, body_args, body_cost, check_body, eval_body, fold,
+                          format_body, read_body)
 from .types import DType, TensorType, shape_problem
 
 # Attribute kinds of this module: a scalar body, and the name of a reduction op.
@@ -92,6 +93,19 @@ def domain(ins: Sequence[TensorType], op: str = "map_reduce") -> tuple[int, ...]
         if problem:
             raise OpTypeError(f"{op}: the broadcast inputs are too large: {problem}", operand=i)
     return shape
+
+
+def body_flops(body: Any, operands: Sequence[TensorType], shape: Sequence[int]) -> float:
+    """Flops of a fused kernel's body evaluated at every point of `shape`, its operands
+    broadcast to it: subterms reading no operand that varies along the last axis cost once per
+    row (generated loops hoist them out of the innermost loop: a layer norm's 1/sqrt(var + eps)
+    is not recomputed per element)."""
+    size = math.prod(shape)
+    inner = shape[-1] if shape else 1
+    varying = [i for i, t in enumerate(operands) if inner > 1 and t.shape[-1:] == (inner,)]
+    per_element = body_cost(body, varying)
+    per_row = body_cost(body) - per_element
+    return per_element * size + (per_row * (size // inner) if inner else 0.0)
 
 
 def _infer_map_reduce(ins: Sequence[TensorType], attrs: Attrs,

@@ -61,6 +61,7 @@ rule sum_bcast_scalar: sum(broadcast(?x, shape=?s), axes=?ax) => mul(?x, const(s
 rule bcast_bcast: broadcast(broadcast(?x, shape=?s), shape=?t) => broadcast(?x, shape=?t)
 rule bcast_same: broadcast(?x, shape=?s) => ?x if shape(?x) == ?s
 rule reshape_same: reshape(?x, shape=?s) => ?x if shape(?x) == ?s
+rule div_bcast_recip: div(?a, broadcast(?b, shape=?s)) => mul(?a, broadcast(recip(?b), shape=?s)) if is_float(?b)
 """
 
 def _broadcast_rules() -> str:

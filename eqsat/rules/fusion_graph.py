@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..ir.fused import domain
+from ..ir.fused import body_flops, domain
 from ..ir.ops import OpTypeError
 from ..ir.scalar_expr import (App, Arg, Expr, Lit, body_cost, body_op_names, elementwise_body,
                               substitute)
@@ -82,15 +82,22 @@ class FusionGraph:
 
     def dominated(self, c: str, k: Kernel) -> bool:
         """Whether class c has a kernel reading no more operands with no costlier body (ops
-        weighed by their element_cost: mul($0, $0) beats pow($0, 2.0)): it is never costlier
-        under a roofline (one launch each, no more bytes or flops), so `k` is waste. This also
-        stops inlining around cycles (x = neg(neg(x)) after `neg_neg`)."""
+        weighed by their element_cost: mul($0, $0) beats pow($0, 2.0); what is the same along
+        a row counted once per row, as the cost model does): it is never costlier under a
+        roofline (one launch each, no more bytes or flops), so `k` is waste. This also stops
+        inlining around cycles (x = neg(neg(x)) after `neg_neg`)."""
         if c not in self._all:
-            self._all[c] = [(frozenset(j.operands), body_cost(j.body)) for j in self.core(c)] + [
-                (frozenset(n.children), body_cost(dict(n.attrs)["body"]))
-                for n in self.nodes(c) if n.op == "map"]
-        ops, cost = frozenset(k.operands), body_cost(k.body)
+            forms = self.core(c) + [Kernel(n.children, dict(n.attrs)["body"])
+                                    for n in self.nodes(c) if n.op == "map"]
+            self._all[c] = [(frozenset(j.operands), self._flops(c, j)) for j in forms]
+        ops, cost = frozenset(k.operands), self._flops(c, k)
         return any(o <= ops and s <= cost for o, s in self._all[c])
+
+    def _flops(self, c: str, k: Kernel) -> float:
+        ins = self.typed(k.operands)
+        if ins is None or c not in self.types:
+            return body_cost(k.body)
+        return body_flops(k.body, ins, self.types[c].shape)
 
     def kernels(self, c: str) -> list[Kernel]:
         """The elementwise ops of class c as kernels, then its MAX_FORMS largest maps."""
