@@ -144,6 +144,18 @@ class ShapeFn:
         return f"{self.name}({', '.join(args)})"
 
 
+def shape_fn_problem(name: str, nargs: int | None = None) -> str | None:
+    """What is wrong with a call of shape function `name` with `nargs` arguments (None: not
+    counted yet), or None; one wording for rule text and the Python API."""
+    d = SHAPE_FNS.get(name)
+    if d is None:
+        return (f"unknown shape function {name!r} (known: {', '.join(SHAPE_FNS)}; shape(?x) "
+                f"reads a tensor's shape)")
+    if nargs is not None and nargs != d.arity:
+        return f"{name}() takes {d.arity} argument(s), got {nargs}"
+    return None
+
+
 def shape_fn(name: str, *args: Any) -> ShapeFn | Fn:
     """A computed int-list attribute for the Python API: `shape_fn("permute", var("s"),
     var("p"))` is `permute(?s, ?p)`; lists may stand for literal arguments, and
@@ -152,12 +164,9 @@ def shape_fn(name: str, *args: Any) -> ShapeFn | Fn:
         if len(args) != 1 or not isinstance(args[0], Var):
             raise ParseError(f"shape() takes one tensor variable, got {args!r}", 0, 0)
         return Fn("shape", args[0])
-    d = SHAPE_FNS.get(name)
-    if d is None:
-        raise ParseError(f"unknown shape function {name!r} (known: {', '.join(SHAPE_FNS)}; "
-                         f"shape(?x) reads a tensor's shape)", 0, 0)
-    if len(args) != d.arity:
-        raise ParseError(f"{name}() takes {d.arity} argument(s), got {len(args)}", 0, 0)
+    problem = shape_fn_problem(name, len(args))
+    if problem:
+        raise ParseError(problem, 0, 0)
     fixed = []
     for a in args:
         if isinstance(a, (list, tuple)) and all(isinstance(i, int) for i in a):

@@ -10,8 +10,8 @@ from typing import Any
 from ..errors import ParseError
 from ..ir.ops import OPS
 from ..ir.types import DTYPES
-from .lang import (COND_FNS, SHAPE_FNS, Arith, Cond, Fn, Node, Num, Pattern, Pos, Rule, ShapeFn,
-                   Var)
+from .lang import (COND_FNS, Arith, Cond, Fn, Node, Num, Pattern, Pos, Rule, ShapeFn, Var,
+                   shape_fn_problem)
 
 _TOKEN = re.compile(r"""
     (?P<ws>[ \t\r\f\v]+) | (?P<nl>\n) | (?P<comment>\#[^\n]*)
@@ -183,10 +183,9 @@ class RuleParser:
     # lpad(shape(?x), ?s)
     def shape_fn(self) -> ShapeFn:
         t = self.next()
-        d = SHAPE_FNS.get(t.text)
-        if d is None:
-            raise self.error(f"unknown shape function {t.text!r} (known: "
-                             f"{', '.join(SHAPE_FNS)}; shape(?x) reads a tensor's shape)", t)
+        problem = shape_fn_problem(t.text)
+        if problem:
+            raise self.error(problem, t)
         self.expect("(")
         args: list[Any] = []
         while not self.accept(")"):
@@ -209,8 +208,9 @@ class RuleParser:
                 got = "end of line" if a.kind in ("nl", "eof") else repr(a.text)
                 raise self.error(f"{t.text}() takes int lists (?s, [1,0], shape(?x) or a "
                                  f"shape function), got {got}", a)
-        if len(args) != d.arity:
-            raise self.error(f"{t.text}() takes {d.arity} argument(s), got {len(args)}", t)
+        problem = shape_fn_problem(t.text, len(args))
+        if problem:
+            raise self.error(problem, t)
         return ShapeFn(t.text, tuple(args), self.pos(t))
 
     def integer(self) -> int:
