@@ -268,6 +268,8 @@ func @f(%x: f32[256,128]) -> f32[256,128] {
     text = print_module(out)
     assert "div" not in text and "recip(" in text, text
     same_results(m, out, "f", rand(256, 128))
+    exact = optimize(m, rules=default().without("div_bcast_recip"), target="cpu")
+    assert "div(" in print_module(exact) and "recip" not in print_module(exact)
 
 
 def test_elementwise_chain_becomes_one_fused_kernel():

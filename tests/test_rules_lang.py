@@ -31,6 +31,16 @@ def test_rulesets_add_and_refuse_duplicates():
         a + a
 
 
+def test_rulesets_drop_rules_by_name():
+    rules = eqsat.rules.default()
+    fewer = rules.without("div_bcast_recip", "factor_mul_add")
+    assert len(fewer) == len(rules) - 2 and "div_bcast_recip" not in fewer.names()
+    assert fewer.names() == [n for n in rules.names()
+                             if n not in ("div_bcast_recip", "factor_mul_add")]
+    with pytest.raises(eqsat.Error, match="no rule named 'div_bcast_recp'"):
+        rules.without("div_bcast_recp")
+
+
 @pytest.mark.parametrize("text, line, col, message", [
     ("rule r: foo(?x) => ?x", 1, 9, "unknown op 'foo'"),
     ("\nrule r: add(?x) => ?x", 2, 9, "takes 2 operand"),

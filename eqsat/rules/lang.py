@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ..errors import ParseError
+from ..errors import Error, ParseError
 from ..ir.ops import OPS
 
 Pos = tuple[int, int]
@@ -312,6 +312,14 @@ class RuleSet:
     def names(self) -> list[str]:
         """The rule names in order."""
         return [r.name for r in self.rules]
+
+    def without(self, *names: str) -> RuleSet:
+        """This set less the rules `names` (say, the approximate ones); a name it does not
+        hold is an `eqsat.Error`, so a typo cannot leave a rule in silently."""
+        unknown = [n for n in names if n not in self.names()]
+        if unknown:
+            raise Error(f"{self.name} has no rule named {', '.join(map(repr, unknown))}")
+        return RuleSet((r for r in self.rules if r.name not in names), self.name)
 
     def __str__(self) -> str:
         return "\n".join(map(str, self.rules)) + "\n"
