@@ -161,6 +161,9 @@ class EGraph:
         self.root_lets: dict[str, list[str]] = {}
         self.run(schema.prelude())
         self.run(self._module_program())
+        # Terms inside a statement's term (the 0.0 of a -0.0 constant's neg) get their types
+        # from the analysis too, not only at the first saturation: a loaded graph is typed.
+        self.run(f"(run-schedule (saturate (run {schema.ANALYSIS})))")
 
     def run(self, program: str) -> list[Any]:
         """Run egglog program text on the e-graph; returns egglog's outputs."""
