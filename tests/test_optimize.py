@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+import eqsat
 import eqsat.extract as ex
 from eqsat.errors import Error
 from eqsat.extract import function_costs, optimize, optimize_with_report
@@ -249,6 +250,34 @@ func @g(%x: f64[32], %n: i32[32]) -> (f64[32], f64[32], f64[32], i32[32]) {
     same_results(m, out, "f", x)
     n = np.arange(-16, 16, dtype=np.int32)
     same_results(m, out, "g", np.linspace(-3, 3, 32), n)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_half_integer_powers_go_through_sqrt(dtype):
+    """x**0.5, x**-0.5 and x**1.5 become sqrt-based maps with pow's own values at the special
+    points (-inf, -0.0, negatives, nan) and within an ulp elsewhere, compiled and run."""
+    m = parse(f"""module @m
+func @f(%x: {dtype}[16]) -> ({dtype}[16], {dtype}[16], {dtype}[16]) {{
+  %h = const 0.5 : {dtype}[16]
+  %a = pow %x, %h : {dtype}[16]
+  %nh = const -0.5 : {dtype}[16]
+  %b = pow %x, %nh : {dtype}[16]
+  %th = const 1.5 : {dtype}[16]
+  %c = pow %x, %th : {dtype}[16]
+  return %a, %b, %c
+}}""")
+    out = optimize(m)
+    assert ops(out, "f")["pow"] == 0 and "pow" not in print_module(out)
+    np_t = np.float32 if dtype == "f32" else np.float64
+    tiny = np.finfo(np_t).smallest_subnormal
+    x = np.array([-np.inf, -2, -tiny, -0.0, 0.0, tiny, 1e-30, 0.25, 1, 2, 3, 7.5, 1e30,
+                  np.finfo(np_t).max, np.inf, np.nan], np_t)
+    exe = eqsat.compile(out, optimize=False)
+    for got, want in zip(exe.f(x), interpret(m, "f", x)):
+        special = ~np.isfinite(want) | (want == 0)
+        assert np.array_equal(got[special], want[special], equal_nan=True)
+        assert np.array_equal(np.signbit(got[special]), np.signbit(want[special]))
+        np.testing.assert_allclose(got[~special], want[~special], rtol=3 * np.finfo(np_t).eps)
 
 
 def test_division_by_a_broadcast_becomes_a_product():

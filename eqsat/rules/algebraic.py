@@ -29,8 +29,10 @@ rule abs_neg: abs(neg(?x)) => abs(?x)
 """
 
 # Small constant exponents as products (numpy special-cases most of them too): a multiply
-# instead of a whole pow, exactly rounded for 2 and -1, within an ulp for 3. pow(x, 0.5) is not
-# sqrt(x) at -inf, so it stays.
+# instead of a whole pow, exactly rounded for 2 and -1, within an ulp for 3. Half-integer ones
+# through sqrt, with pow's own values where sqrt differs: pow(-inf, y) is inf (y > 0) or 0
+# (y < 0) where sqrt gives NaN, and pow(-0.0, 0.5) is +0.0 where sqrt gives -0.0 (adding 0.0
+# makes it +0.0 and changes nothing else).
 POWERS = """
 rule pow_zero: pow(?x, const(0.0)) => const(1.0, like=?x)
 rule pow_one: pow(?x, const(1.0)) => ?x
@@ -38,6 +40,9 @@ rule pow_two: pow(?x, const(2.0)) => mul(?x, ?x)
 rule pow_three: pow(?x, const(3.0)) => mul(mul(?x, ?x), ?x)
 rule pow_neg_one: pow(?x, const(-1.0)) => recip(?x)
 rule pow_two_int: pow(?x, const(2)) => mul(?x, ?x)
+rule pow_half: pow(?x, const(0.5)) => select(eq(?x, const(-inf, like=?x)), const(inf, like=?x), add(sqrt(?x), const(0.0, like=?x)))
+rule pow_neg_half: pow(?x, const(-0.5)) => select(eq(?x, const(-inf, like=?x)), const(0.0, like=?x), recip(add(sqrt(?x), const(0.0, like=?x))))
+rule pow_three_halves: pow(?x, const(1.5)) => select(eq(?x, const(-inf, like=?x)), const(inf, like=?x), mul(?x, sqrt(?x)))
 """
 
 DISTRIBUTIVITY = """
