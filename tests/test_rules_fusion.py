@@ -225,7 +225,7 @@ def fusable_programs(draw: st.DrawFn) -> str:
     if draw(st.booleans()):
         tb = draw(st.booleans())
         w = "f32[6,5]" if tb else "f32[5,6]"
-        lines.append(f"%w.t = transpose %w, perm=[1,0] : f32[5,6]" if tb else "")
+        lines.append("%w.t = transpose %w, perm=[1,0] : f32[5,6]" if tb else "")
         lines.append(f"%v0 = matmul %x, {'%w.t' if tb else '%w'} : f32[8,6]")
         values.append("%v0")
     else:

@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import Error
 from ..extension import load_extension
-from ..ir.module import Function, Module, Param, Stmt
+from ..ir.module import Function, Module, Stmt
 from ..ir.ops import INTS
 from ..ir.types import DTYPES, TensorType
 from ..ir.verifier import verify
