@@ -100,7 +100,7 @@ def test_default_rules_optimize_and_stay_equivalent():
 
 
 def _sum_chain(k):
-    lines = ["module @ac", f"func @f(" + ", ".join(f"%x{i}: f32[2]" for i in range(k))
+    lines = ["module @ac", "func @f(" + ", ".join(f"%x{i}: f32[2]" for i in range(k))
              + ") -> f32[2] {", "  %s0 = add %x0, %x1 : f32[2]"]
     for i in range(2, k):
         lines.append(f"  %s{i - 1} = add %s{i - 2}, %x{i} : f32[2]")
