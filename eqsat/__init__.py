@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import (Error, InterpretError, LocatedError, ParseError, TraceError, UnsoundRule,
-                     VerifyError)
+from .errors import (Error, InterpretError, LocatedError, ParseError, TraceError,
+                     UnknownFunction, UnsoundRule, VerifyError)
 from .ir import DType, Function, GradDecl, Module, TensorType, parse, verify
 from .ir.dsl import (TracedFunction, abs, broadcast_to, cast, concatenate, cos, exp, function,
                      gelu, layer_norm, log, logsumexp, matmul, max, maximum, mean, min,
@@ -149,10 +149,10 @@ def _eager_runner(module: Module, name: str, *arrays: Any) -> Any:
 TracedFunction.runner = staticmethod(_eager_runner)
 
 __all__ = [
-    "DType", "Error", "Function", "GradDecl", "InterpretError", "Limits", "LocatedError",
-    "Module", "ParseError", "TensorType", "TraceError", "TracedFunction", "UnsoundRule",
-    "VerifyError", "abs", "bool_", "broadcast_to", "cast", "compile", "concatenate", "cos",
-    "cost", "differentiate", "emit", "exp", "f32", "f64", "function", "gelu", "grad", "i32", "i64",
+    "DType", "Error", "Function", "GradDecl", "InterpretError", "Limits", "LocatedError", "Module",
+    "ParseError", "TensorType", "TraceError", "TracedFunction", "UnknownFunction", "UnsoundRule",
+    "VerifyError", "abs", "bool_", "broadcast_to", "cast", "compile", "concatenate", "cos", "cost",
+    "differentiate", "emit", "exp", "f32", "f64", "function", "gelu", "grad", "i32", "i64",
     "interpret", "layer_norm", "log", "logsumexp", "matmul", "max", "maximum", "mean", "min",
     "minimum", "optimize", "parse", "reciprocal", "relu", "reshape", "rsqrt", "sigmoid", "sin",
     "softmax", "sqrt", "sum", "tanh", "transpose", "value_and_grad", "verify", "vjp", "where",

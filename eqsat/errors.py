@@ -36,5 +36,10 @@ class InterpretError(Error):
     """Inputs that do not fit the function, or a computation numpy cannot carry out."""
 
 
+class UnknownFunction(Error, AttributeError):
+    """A function name the module or executable does not have; also an AttributeError, so
+    `hasattr(exe, "f")` and `getattr(exe, "f", None)` work on an Executable."""
+
+
 class UnsoundRule(Error):
     """A rewrite rule whose two sides differ on some input; names the rule and the input."""

@@ -421,6 +421,14 @@ def test_bad_arguments_raise_eqsat_errors():
         optimize(m, rules="rule x: neg(neg(?x)) => ?x")
     with pytest.raises(Error, match="Limits"):
         optimize(m, limits={"nodes": 10})
+    for bad in ({"iterations": -1}, {"seconds": float("nan")}, {"nodes": "10"},
+                {"iterations": True}):
+        with pytest.raises(Error, match=f"Limits.{next(iter(bad))} must be a number >= 0"):
+            Limits(**bad)
+    # no rewriting at all, and no bound on time: both valid
+    assert [s.op for s in optimize(m, limits=Limits(iterations=0))["f"].body] == \
+        [s.op for s in m["f"].body]
+    optimize(m, limits=Limits(iterations=2, seconds=float("inf")))
 
 
 # ---------------------------------------------------------------- the examples, in seconds

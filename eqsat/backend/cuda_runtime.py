@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Error
+from ..errors import Error, UnknownFunction
 from ..ir.interpreter import check_inputs
 from ..ir.module import Module
 from .cuda import GpuPlan, PtxProgram
@@ -165,8 +165,8 @@ class CudaExecutable:
         """Run function `name` on numpy arrays (or device arrays) and return numpy arrays."""
         plan = self.program.plans.get(name)
         if plan is None:
-            raise Error(f"the executable has no function @{name}; it has "
-                        f"{', '.join('@' + n for n in self.program.plans) or 'none'}")
+            raise UnknownFunction(f"the executable has no function @{name}; it has "
+                                  f"{', '.join('@' + n for n in self.program.plans) or 'none'}")
         with self._lock:
             return self._run(name, plan, arrays)
 
@@ -245,7 +245,8 @@ class CudaExecutable:
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self.program.plans:
-            raise AttributeError(f"the executable has no function @{name}")
+            raise UnknownFunction(f"the executable has no function @{name}; it has "
+                                  f"{', '.join('@' + n for n in self.program.plans) or 'none'}")
         return lambda *arrays: self(name, *arrays)
 
     def __repr__(self) -> str:

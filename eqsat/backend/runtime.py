@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Error
+from ..errors import UnknownFunction
 from ..ir.interpreter import check_inputs
 from ..ir.module import Function, Module
 from .jit import Code
@@ -102,8 +102,8 @@ class Executable:
         """Run function `name` on numpy arrays (or values numpy can convert)."""
         entry = self._entries.get(name)
         if entry is None:
-            raise Error(f"the executable has no function @{name}; it has "
-                        f"{', '.join('@' + n for n in self._entries) or 'none'}")
+            raise UnknownFunction(f"the executable has no function @{name}; it has "
+                                  f"{', '.join('@' + n for n in self._entries) or 'none'}")
         if not entry.ready(arrays):
             arrays = tuple(np.ascontiguousarray(a) for a in check_inputs(entry.func, arrays))
         outputs = [_aligned(shape, dtype, self._align) for shape, dtype in entry.results]
@@ -116,7 +116,8 @@ class Executable:
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._entries:
-            raise AttributeError(f"the executable has no function @{name}")
+            raise UnknownFunction(f"the executable has no function @{name}; it has "
+                                  f"{', '.join('@' + n for n in self._entries) or 'none'}")
         return lambda *arrays: self(name, *arrays)
 
     def __repr__(self) -> str:

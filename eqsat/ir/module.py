@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ..errors import Error
+from ..errors import Error, UnknownFunction
 from .types import TensorType
 
 GRAD_KINDS = ("grad", "value_and_grad", "vjp")
@@ -178,8 +178,8 @@ class Module:
         try:
             return self._index[name]
         except KeyError:
-            raise Error(f"module @{self.name} has no function @{name}; it has "
-                        f"{', '.join('@' + n for n in self._index) or 'none'}") from None
+            raise UnknownFunction(f"module @{self.name} has no function @{name}; it has "
+                                  f"{', '.join('@' + n for n in self._index) or 'none'}") from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._index

@@ -12,12 +12,14 @@ passes get the deadline and stop adding terms when it comes.
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from ..errors import Error
 from ..ir.module import Module
 from . import schema
 from .bridge import EGraph, load
@@ -62,11 +64,19 @@ TIME_LIMIT = "time limit"
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on saturation: rewrite iterations, tensor e-nodes, and wall-clock seconds."""
+    """Bounds on saturation: rewrite iterations, tensor e-nodes, and wall-clock seconds (each a
+    number >= 0; math.inf for no bound)."""
 
     iterations: int = 30
     nodes: int = 50_000
     seconds: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "nodes", "seconds"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0:
+                raise Error(f"Limits.{name} must be a number >= 0 (math.inf for no bound), "
+                            f"got {v!r}")
 
 
 @dataclass
