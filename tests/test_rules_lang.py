@@ -70,6 +70,15 @@ def test_deliberately_wrong_rules_are_caught():
             check(parse(text), examples=40)
 
 
+def test_check_refuses_what_is_not_rules():
+    for bad in ("rule r: neg(neg(?x)) => ?x", 3, [parse("rule r: neg(neg(?x)) => ?x")]):
+        with pytest.raises(eqsat.Error, match="check takes a RuleSet"):
+            check(bad)
+    with pytest.raises(eqsat.Error, match="check_rule takes a Rule"):
+        check_rule("rule r: neg(neg(?x)) => ?x")
+    check(list(parse("rule r: neg(neg(?x)) => ?x")), examples=5)  # a list of Rules is fine
+
+
 def test_sound_custom_rules_pass():
     check(parse(
                 "rule exp_add: mul(exp(?x), exp(?y)) => exp(add(?x, ?y))"), examples=20)

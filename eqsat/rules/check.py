@@ -315,6 +315,8 @@ def _close(a: np.ndarray, b: np.ndarray, scale: float) -> bool:
 
 def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True) -> None:
     """Check one rule on `examples` random instances; raises UnsoundRule on a difference."""
+    if not isinstance(rule, Rule):
+        raise Error(f"check_rule takes a Rule, not {type(rule).__name__}")
     # here, not at module level: hypothesis costs ~0.1 s to import, and `import eqsat.rules`
     # (every optimize) must not pay it
     from hypothesis import HealthCheck, given, settings
@@ -372,6 +374,10 @@ def _describe(f: Function, arrays: list[np.ndarray]) -> str:
 
 def check(ruleset: RuleSet | Rule, examples: int = 40, derandomize: bool = True) -> None:
     """Check every rule of a rule set; raises `eqsat.UnsoundRule` naming the first wrong one."""
-    rules = [ruleset] if isinstance(ruleset, Rule) else list(ruleset)
+    rules = [ruleset] if isinstance(ruleset, Rule) else (
+        list(ruleset) if isinstance(ruleset, (RuleSet, list, tuple)) else None)
+    if rules is None or not all(isinstance(r, Rule) for r in rules):
+        raise Error(f"check takes a RuleSet, a Rule or a list of Rules (eqsat.rules.parse(text) "
+                    f"makes a RuleSet), not {type(ruleset).__name__}")
     for rule in rules:
         check_rule(rule, examples, derandomize)
