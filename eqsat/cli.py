@@ -82,11 +82,14 @@ def _read_inputs(path: str, params: tuple) -> list[np.ndarray]:
     except (OSError, ValueError) as e:
         raise Error(f"{path}: cannot read the inputs: {e}") from None
     names = [p.name for p in params]
-    if all(n in arrays for n in names):
-        return [arrays[n] for n in names]
     positional = [f"arr_{i}" for i in range(len(names))]
-    if all(n in arrays for n in positional):
-        return [arrays[n] for n in positional]
+    for keys in (names, positional):
+        if all(n in arrays for n in keys):
+            unused = [k for k in arrays if k not in keys]
+            if unused:
+                print(f"eqsat: note: {path}: array(s) {', '.join(unused)} match no parameter "
+                      f"and are not used", file=sys.stderr)
+            return [arrays[n] for n in keys]
     missing = [n for n in names if n not in arrays]
     raise Error(f"{path}: no array for parameter(s) {', '.join('%' + n for n in missing)}; "
                 f"the file has {', '.join(arrays) or 'none'} (save them by parameter name, "

@@ -67,6 +67,10 @@ def test_run_compiled_and_interpreted(tmp_path, capsys):
     np.testing.assert_array_equal(np.load(out)["result0"], -np.arange(4, dtype=np.float32))
     assert main(["run", str(p), "f", "--inputs", str(inputs), "--interpret"]) == 0
     assert "interpreter" in capsys.readouterr().err
+    extra = tmp_path / "extra.npz"
+    np.savez(extra, x=np.arange(4, dtype=np.float32), w=np.ones(2))
+    assert main(["run", str(p), "f", "--inputs", str(extra)]) == 0
+    assert "array(s) w match no parameter and are not used" in capsys.readouterr().err
 
 
 def test_run_errors(tmp_path, capsys):
