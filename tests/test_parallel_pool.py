@@ -181,3 +181,36 @@ def test_a_worker_woken_from_sleep_is_kept_off_the_callers_cpu():
     steered = [tid for tid, m in masks.items()
                if len(m) == len(allowed) - 1 and m < allowed]
     assert steered, (allowed, masks, before)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs at least two CPUs to steer between")
+def test_steering_obeys_an_affinity_narrowed_after_the_pool_started():
+    """`taskset -p` on a running process narrows every thread's mask; waking a worker must
+    not widen it again to CPUs of the mask the process had when the pool started."""
+    (code, run), counters = _counting_entry()
+    run(1, ctypes.addressof(counters))  # the pool runs
+    allowed = os.sched_getaffinity(0)
+    one = {min(allowed)}
+    tids = [int(t) for t in os.listdir("/proc/self/task")]
+    try:
+        for t in tids:
+            os.sched_setaffinity(t, one)
+        time.sleep(0.05)  # the workers spin ~50 us, then sleep
+        run(1, ctypes.addressof(counters))  # posts them awake
+        masks = {}
+        for t in os.listdir("/proc/self/task"):
+            try:
+                masks[int(t)] = os.sched_getaffinity(int(t))
+            except OSError:
+                continue
+        assert all(m <= one for m in masks.values()), (one, masks)
+    finally:
+        for t in os.listdir("/proc/self/task"):
+            try:
+                os.sched_setaffinity(int(t), allowed)
+            except OSError:
+                pass
+    before = counters[0]
+    run(3, ctypes.addressof(counters))
+    assert [counters[8 * t] for t in range(parallel.THREADS)] == [before + 3] * parallel.THREADS

@@ -22,7 +22,7 @@ from . import blas, settings
 from .jit import POOL_ENTRY, POOL_SYMBOL
 from .llvm_kernels import Kernel
 from .loops import for_range, i64
-from .scalar import I8, I32, I64, declare, internal_function, intrinsic
+from .scalar import I8, I32, I64, declare, internal_function
 
 # Bytes plus operations below which a kernel runs on the calling thread alone.
 PARALLEL_MIN_WORK = 1 << 22
@@ -131,9 +131,10 @@ TICKET, SLEEPING, SLOT_TASK, SLOT_ARG, SLOT_TID = 0, 1, 2, 3, 4  # one cache lin
 # Where a woken worker runs. Left to itself, Linux often wakes a worker onto the CPU of the
 # thread that posted it (wake-affine) while the other CPUs sleep, and there it waits until the
 # load balancer moves it: after an idle gap of 20 ms or more, mlp_fwd ran almost serially (9-10
-# ms instead of 5). So before posting a sleeping worker the caller allows it every CPU of the
-# process's affinity mask except the one the caller is on (a syscall, on this path only; a
-# spinning worker is already on a CPU of its own). CPU_WORDS: the mask's 64-bit words.
+# ms instead of 5). So before posting a sleeping worker the caller allows it every CPU of its
+# own affinity mask (read then, so a later `taskset -p` is obeyed) except the one it is on (two
+# syscalls, on this path only; a spinning worker is already on a CPU of its own).
+# CPU_WORDS: the mask's 64-bit words.
 CPU_WORDS = 16
 # The gettid system call's number per architecture (glibc's own gettid() is only 2.30+); where
 # it is unknown, workers publish no id and are not steered.
@@ -202,28 +203,30 @@ def _wake(b: ir.IRBuilder, flag: ir.Value, sem_post: ir.Function, sem: ir.Value,
         b.call(sem_post, [sem])
 
 
-def _steer(b: ir.IRBuilder, m: ir.Module, allowed: ir.GlobalVariable, ncpus: ir.GlobalVariable,
-           tid: ir.Value) -> None:
-    """Let thread `tid` run on every CPU of `allowed` but the calling thread's (see
-    CPU_WORDS), where there are at least two and `tid` is known."""
+def _steer(b: ir.IRBuilder, m: ir.Module, tid: ir.Value) -> None:
+    """Let thread `tid` run on every CPU the calling thread may use but its current one (see
+    CPU_WORDS), where that leaves one at least and `tid` is known."""
     getcpu = declare(m, "sched_getcpu", I32, [])
+    getaff = declare(m, "sched_getaffinity", I32, [I32, I64, VOIDP])
     setaff = declare(m, "sched_setaffinity", I32, [I32, I64, VOIDP])
     zero = ir.Constant(I32, 0)
+    size = i64(8 * CPU_WORDS)
     with b.goto_entry_block():
         mask = b.alloca(ir.ArrayType(I64, CPU_WORDS), name="mask")
     cpu = b.call(getcpu, [])
-    ok = b.and_(b.icmp_signed(">", tid, zero),
-                b.icmp_signed(">=", b.load(ncpus), ir.Constant(I32, 2)))
-    ok = b.and_(ok, b.icmp_signed(">=", cpu, zero))
+    ok = b.and_(b.icmp_signed(">", tid, zero), b.icmp_signed(">=", cpu, zero))
     ok = b.and_(ok, b.icmp_signed("<", cpu, ir.Constant(I32, 64 * CPU_WORDS)))
     with b.if_then(ok):
-        for w in range(CPU_WORDS):
-            word = ir.Constant(I32, w)
-            b.store(b.load(b.gep(allowed, [zero, word])), b.gep(mask, [zero, word]))
-        at = b.gep(mask, [zero, b.lshr(cpu, ir.Constant(I32, 6))])
-        bit = b.shl(ir.Constant(I64, 1), b.zext(b.and_(cpu, ir.Constant(I32, 63)), I64))
-        b.store(b.and_(b.load(at), b.not_(bit)), at)
-        b.call(setaff, [tid, i64(8 * CPU_WORDS), b.bitcast(mask, VOIDP)])
+        got = b.call(getaff, [zero, size, b.bitcast(mask, VOIDP)])
+        with b.if_then(b.icmp_signed("==", got, zero)):
+            at = b.gep(mask, [zero, b.lshr(cpu, ir.Constant(I32, 6))])
+            bit = b.shl(ir.Constant(I64, 1), b.zext(b.and_(cpu, ir.Constant(I32, 63)), I64))
+            b.store(b.and_(b.load(at), b.not_(bit)), at)
+            left = ir.Constant(I64, 0)
+            for w in range(CPU_WORDS):
+                left = b.or_(left, b.load(b.gep(mask, [zero, ir.Constant(I32, w)])))
+            with b.if_then(b.icmp_unsigned("!=", left, ir.Constant(I64, 0))):
+                b.call(setaff, [tid, size, b.bitcast(mask, VOIDP)])
 
 
 def _serial(b: ir.IRBuilder, fn: ir.Value, ctxs: ir.Value, size: ir.Value, lo: ir.Value,
@@ -252,14 +255,12 @@ def runtime_ir(triple: str, data_layout: str) -> str:
     pending, waiting = glob("pool.pending", I32), glob("pool.waiting", I32)
     busy, started, pid = glob("pool.busy", I32), glob("pool.started", I32), glob("pool.pid", I32)
     seq = glob("pool.seq", I32)
-    allowed, ncpus = glob("pool.allowed", ir.ArrayType(I64, CPU_WORDS)), glob("pool.ncpus", I32)
     semp = I8.as_pointer()
     sem_init = declare(m, "sem_init", I32, [semp, I32, I32])
     sem_wait = declare(m, "sem_wait", I32, [semp])
     sem_post = declare(m, "sem_post", I32, [semp])
     getpid = declare(m, "getpid", I32, [])
     nr_gettid = SYS_GETTID.get(triple.split("-")[0])
-    getaff = declare(m, "sched_getaffinity", I32, [I32, I64, VOIDP])
     create = declare(m, "pthread_create", I32, [I64.as_pointer(), VOIDP, TASK.as_pointer(), VOIDP])
     detach = declare(m, "pthread_detach", I32, [I64])
     pause = (declare(m, "llvm.x86.sse2.pause", ir.VoidType(), [])
@@ -325,13 +326,6 @@ def runtime_ir(triple: str, data_layout: str) -> str:
                 for g in (started, pending, waiting, seq):
                     b.store(zero, g)
                 b.store(me, pid)
-                # the CPUs this process may use, counted (0 where unknown: no steering)
-                got = b.call(getaff, [zero, i64(8 * CPU_WORDS), b.bitcast(allowed, VOIDP)])
-                count = zero
-                for w in range(CPU_WORDS):
-                    word = b.load(b.gep(allowed, [zero, ir.Constant(I32, w)]))
-                    count = b.add(count, b.trunc(intrinsic(b, "ctpop", word), I32))
-                b.store(b.select(b.icmp_signed("==", got, zero), count, zero), ncpus)
             want = b.sub(b.select(b.icmp_unsigned("<", n, ir.Constant(I32, MAX_WORKERS + 1)),
                                   n, ir.Constant(I32, MAX_WORKERS + 1)), one)
             tid = b.alloca(I64)
@@ -364,7 +358,7 @@ def runtime_ir(triple: str, data_layout: str) -> str:
                 b.store_atomic(ticket, slot(b, i, TICKET), "seq_cst", 4)
                 tid = b.load_atomic(slot(b, i, SLOT_TID), "acquire", 4)
                 _wake(b, slot(b, i, SLEEPING), sem_post, go_sem(b, b.trunc(i, I32)),
-                      lambda b, tid=tid: _steer(b, m, allowed, ncpus, tid))
+                      lambda b, tid=tid: _steer(b, m, tid))
             _serial(b, fn, ctxs, size, b.add(w, i64(1)), n64)
             _serial(b, fn, ctxs, size, i64(0), i64(1))
 
