@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class Error(ValueError):
     """Base of every error eqsat raises because of its input."""
@@ -39,6 +41,12 @@ class InterpretError(Error):
 class UnknownFunction(Error, AttributeError):
     """A function name the module or executable does not have; also an AttributeError, so
     `hasattr(exe, "f")` and `getattr(exe, "f", None)` work on an Executable."""
+
+    @classmethod
+    def among(cls, owner: str, name: str, names: Iterable[str]) -> UnknownFunction:
+        """`{owner} has no function @name; it has @f, @g` (or none)."""
+        have = ", ".join("@" + n for n in names) or "none"
+        return cls(f"{owner} has no function @{name}; it has {have}")
 
 
 class UnsoundRule(Error):

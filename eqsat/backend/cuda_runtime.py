@@ -165,8 +165,7 @@ class CudaExecutable:
         """Run function `name` on numpy arrays (or device arrays) and return numpy arrays."""
         plan = self.program.plans.get(name)
         if plan is None:
-            raise UnknownFunction(f"the executable has no function @{name}; it has "
-                                  f"{', '.join('@' + n for n in self.program.plans) or 'none'}")
+            raise UnknownFunction.among("the executable", name, self.program.plans)
         with self._lock:
             return self._run(name, plan, arrays)
 
@@ -245,8 +244,7 @@ class CudaExecutable:
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self.program.plans:
-            raise UnknownFunction(f"the executable has no function @{name}; it has "
-                                  f"{', '.join('@' + n for n in self.program.plans) or 'none'}")
+            raise UnknownFunction.among("the executable", name, self.program.plans)
         return lambda *arrays: self(name, *arrays)
 
     def __repr__(self) -> str:

@@ -102,8 +102,7 @@ class Executable:
         """Run function `name` on numpy arrays (or values numpy can convert)."""
         entry = self._entries.get(name)
         if entry is None:
-            raise UnknownFunction(f"the executable has no function @{name}; it has "
-                                  f"{', '.join('@' + n for n in self._entries) or 'none'}")
+            raise UnknownFunction.among("the executable", name, self._entries)
         if not entry.ready(arrays):
             arrays = tuple(np.ascontiguousarray(a) for a in check_inputs(entry.func, arrays))
         outputs = [_aligned(shape, dtype, self._align) for shape, dtype in entry.results]
@@ -116,8 +115,7 @@ class Executable:
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._entries:
-            raise UnknownFunction(f"the executable has no function @{name}; it has "
-                                  f"{', '.join('@' + n for n in self._entries) or 'none'}")
+            raise UnknownFunction.among("the executable", name, self._entries)
         return lambda *arrays: self(name, *arrays)
 
     def __repr__(self) -> str:

@@ -178,8 +178,7 @@ class Module:
         try:
             return self._index[name]
         except KeyError:
-            raise UnknownFunction(f"module @{self.name} has no function @{name}; it has "
-                                  f"{', '.join('@' + n for n in self._index) or 'none'}") from None
+            raise UnknownFunction.among(f"module @{self.name}", name, self._index) from None
 
     def __contains__(self, name: object) -> bool:
         return name in self._index
