@@ -146,6 +146,10 @@ class Serialized:
     names: dict[tuple[str, str], str] = field(default_factory=dict)  # (func, eclass) -> name
 
 
+# The analysis ruleset run to its fixpoint (see EGraph.analyze).
+_ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
+
+
 class EGraph:
     """A module loaded into egglog: the native e-graph plus what is needed to read it back."""
 
@@ -163,11 +167,16 @@ class EGraph:
         self.run(self._module_program())
         # Terms inside a statement's term (the 0.0 of a -0.0 constant's neg) get their types
         # from the analysis too, not only at the first saturation: a loaded graph is typed.
-        self.run(f"(run-schedule (saturate (run {schema.ANALYSIS})))")
+        self.analyze()
 
     def run(self, program: str) -> list[Any]:
         """Run egglog program text on the e-graph; returns egglog's outputs."""
         return self.native.run_program(*self.native.parse_program(program))
+
+    def analyze(self) -> list[Any]:
+        """Run the analysis ruleset to its fixpoint (types of new terms, analysis rules such
+        as constant folding); returns egglog's outputs."""
+        return self.run(_ANALYSIS)
 
     def _module_program(self) -> str:
         lines: list[str] = []

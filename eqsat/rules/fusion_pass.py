@@ -35,7 +35,6 @@ from ..ir.module import Stmt
 from ..ir.ops import OPS, OpTypeError, broadcastable, ops_in
 from ..ir.scalar_expr import Arg, merge, substitute
 from ..ir.types import TensorType
-from . import schema
 from .bridge import EGraph, ENode, _list, const_term
 from .fusion_graph import (MAX_FORMS, MAX_OPERANDS, FusionGraph, Kernel, body_size,
                            canonical, same_domain)
@@ -47,7 +46,6 @@ CHUNK = 64  # egglog commands per program
 
 RULES = ("fuse_canonical", "fuse_producer", "fuse_broadcast", "fuse_constant", "fuse_reduce",
          "fuse_epilogue")
-_ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
 
 
 @dataclass(frozen=True)
@@ -102,7 +100,7 @@ class FusionPass:
         if budget <= 0 or time.perf_counter() >= deadline:
             return counts
         t0 = time.perf_counter()
-        eg.run(_ANALYSIS)  # terms of the last round get their types first
+        eg.analyze()  # terms of the last round get their types first
         g = FusionGraph(eg.serialize())
         self._overhead = time.perf_counter() - t0
         found: dict[tuple, Candidate] = {}

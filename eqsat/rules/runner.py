@@ -114,7 +114,6 @@ class Report:
                 f"{self.seconds:.2f}s; nodes {' -> '.join(map(str, self.sizes))}; fired: {top}")
 
 
-_ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
 _ROUND = f"(run-schedule (saturate (run {schema.ANALYSIS})) (run {schema.REWRITE}))"
 
 
@@ -140,7 +139,7 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
     eg.run(compile_ruleset(rules))
     passes = [p for p in PASSES if p.enabled(rules)]
     names = set(rules.names()).union(*(p.rule_names for p in passes))
-    first, _ = _matches(eg.run(_ANALYSIS))
+    first, _ = _matches(eg.analyze())
     report = Report(SATURATED, initial_nodes=eg.size())
     report.fired.update({k: v for k, v in first.items() if k in names})
     last_nodes, last_growth, last_fixed = report.initial_nodes, 1.0, 0.0
@@ -188,7 +187,7 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
             if time.perf_counter() >= deadline:
                 report.stop_reason = TIME_LIMIT
             break
-    eg.run(_ANALYSIS)  # nodes made by the last round get their types before extraction
+    eg.analyze()  # nodes made by the last round get their types before extraction
     report.seconds = time.perf_counter() - start
     if progress:
         print(f"eqsat: {report}", file=sys.stderr)
