@@ -47,9 +47,6 @@ class CostModel(Protocol):
         ...
 
 
-# Floating-point operations per element: the op table's element_cost (transcendentals are
-# polynomial approximations of a dozen or two multiply-adds in generated code, division a few).
-
 # Views: the consumer's kernel reads through them (a reshape is the same buffer, a broadcast a
 # zero stride, a slice an offset and strides), so they cost nothing themselves; the consumer
 # pays for reading its operand at full size. A transpose is deliberately not a view: reading
@@ -74,7 +71,9 @@ def _moved(ins: Types, outs: Types) -> float:
 
 
 def elementwise_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
-    """Flops per element times elements; reads every operand, writes the result: one kernel."""
+    """Flops per element (the op table's element_cost: transcendentals are polynomials of a
+    dozen or two multiply-adds in generated code, a division a few) times elements; reads every
+    operand, writes the result: one kernel."""
     per = element_cost(op)
     return Work(per * sum(t.size for t in outs), _moved(ins, outs), 1)
 
