@@ -160,6 +160,17 @@ def test_chunked_extents_cover_every_row_once(rows: int) -> None:
         np.testing.assert_allclose(exe.f(x), want, rtol=2e-6, atol=1e-12)
 
 
+def _thread_masks() -> dict[int, set[int]]:
+    """The CPU mask of every thread of this process, by thread id."""
+    masks = {}
+    for t in os.listdir("/proc/self/task"):
+        try:
+            masks[int(t)] = os.sched_getaffinity(int(t))
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return masks
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs at least two CPUs to steer between")
 def test_a_worker_woken_from_sleep_is_kept_off_the_callers_cpu():
@@ -172,12 +183,7 @@ def test_a_worker_woken_from_sleep_is_kept_off_the_callers_cpu():
     run(1, ctypes.addressof(counters))  # starts the workers (if this is the first pool use)
     time.sleep(0.05)  # the workers spin ~50 us, then sleep
     run(1, ctypes.addressof(counters))
-    masks = {}
-    for t in os.listdir("/proc/self/task"):
-        try:
-            masks[int(t)] = os.sched_getaffinity(int(t))
-        except OSError:  # a thread that ended meanwhile
-            continue
+    masks = _thread_masks()
     steered = [tid for tid, m in masks.items()
                if len(m) == len(allowed) - 1 and m < allowed]
     assert steered, (allowed, masks, before)
@@ -198,12 +204,7 @@ def test_steering_obeys_an_affinity_narrowed_after_the_pool_started():
             os.sched_setaffinity(t, one)
         time.sleep(0.05)  # the workers spin ~50 us, then sleep
         run(1, ctypes.addressof(counters))  # posts them awake
-        masks = {}
-        for t in os.listdir("/proc/self/task"):
-            try:
-                masks[int(t)] = os.sched_getaffinity(int(t))
-            except OSError:
-                continue
+        masks = _thread_masks()
         assert all(m <= one for m in masks.values()), (one, masks)
     finally:
         for t in os.listdir("/proc/self/task"):
