@@ -65,7 +65,8 @@ def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _nan_first(pick_x: Callable[[np.ndarray, np.ndarray], np.ndarray]):
-    """maximum/minimum: a NaN in either operand wins."""
+    """maximum/minimum: a NaN in either operand wins; ties go to y, as numpy's do (so that
+    maximum(-0.0, 0.0) is 0.0 and maximum(0.0, -0.0) is -0.0)."""
     def run(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         if x.dtype.kind != "f":
             return np.where(pick_x(x, y), x, y)
@@ -103,8 +104,8 @@ REFERENCE: dict[str, tuple[frozenset[DType], Ref | None]] = {
     "mul": (NUMERIC, _b(lambda x, y: x * y)),
     "div": (NUMERIC, _b(_div)),
     "pow": (NUMERIC, _b(_pow)),
-    "maximum": (NUMERIC, _b(_nan_first(lambda x, y: x >= y))),
-    "minimum": (NUMERIC, _b(_nan_first(lambda x, y: x <= y))),
+    "maximum": (NUMERIC, _b(_nan_first(lambda x, y: x > y))),
+    "minimum": (NUMERIC, _b(_nan_first(lambda x, y: x < y))),
     "lt": (ALL, _b(lambda x, y: x < y)),
     "le": (ALL, _b(lambda x, y: x <= y)),
     "gt": (ALL, _b(lambda x, y: x > y)),
