@@ -3,7 +3,6 @@ cold and from the disk cache (each in a fresh subprocess), and the optional peer
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import shutil
@@ -24,20 +23,10 @@ from eqsat.backend import compile_module
 BENCH = Path(__file__).resolve().parent
 
 
-def optimizer() -> Callable[[eqsat.Module], eqsat.Module] | None:
-    """eqsat.extract.optimize.optimize when that module exists, else None."""
-    try:
-        mod = importlib.import_module("eqsat.extract.optimize")
-    except ImportError:
-        return None
-    return getattr(mod, "optimize", None)
-
-
 def prepare(module: eqsat.Module, optimize: bool) -> eqsat.Module:
-    """Gradient declarations expanded, then (if asked and available) the optimizer run."""
+    """Gradient declarations expanded, then (if asked) the optimizer run."""
     module = differentiate(module) if module.grad_decls else module
-    opt = optimizer() if optimize else None
-    return opt(module) if opt is not None else module
+    return eqsat.optimize(module) if optimize else module
 
 
 SETTLE_S = 0.15

@@ -4,8 +4,7 @@ Every workload runs against numpy eager (and jax.jit, torch eager and torch.comp
 installed) in one process, interleaved; the table shows medians, the ratio time / numpy, and
 compile times (on first use, cold and from the disk cache, each in a fresh process; for peers
 the first call). eqsat variants: `fused` is a hand-fused IR
-module, `core` the plain core-op module, `opt` the core module through eqsat's optimizer (when
-eqsat.extract.optimize exists).
+module, `core` the plain core-op module, `opt` the core module through eqsat's optimizer.
 """
 
 from __future__ import annotations
@@ -52,10 +51,8 @@ def main() -> None:
     seconds = args.seconds or (1.5 if args.quick else 6.0)
     rng = np.random.default_rng(0)
     peers = harness.peers()
-    use_opt = harness.optimizer() is not None
     print(f"load average at start: {harness.load_average()}; peers: "
-          f"{', '.join(peers) or 'none installed'}; optimizer: "
-          f"{'eqsat.extract.optimize' if use_opt else 'not available (hand-fused and core IR)'}")
+          f"{', '.join(peers) or 'none installed'}")
     header = f"{'workload':<12} {'contestant':<14} {'median ms':>10} {'/ numpy':>8} " \
              f"{'cpu ms':>8} {'/ numpy':>8} {'max rel err':>11} {'compile s (first / cold / cached)':>33}"
     print(header)
@@ -70,7 +67,7 @@ def main() -> None:
         errors: dict[str, float] = {}
         compiles: dict[str, str] = {}
         variants = [(v, v, False) for v in w.modules]
-        if use_opt and "core" in w.modules:
+        if "core" in w.modules:
             variants.append(("opt", "core", True))
         for label, variant, optimize in variants:
             exe = harness.compile_here(harness.prepare(w.modules[variant](), optimize))

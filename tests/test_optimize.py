@@ -16,7 +16,7 @@ import eqsat
 import eqsat.extract as ex
 from eqsat.errors import Error
 from eqsat.extract import function_costs, optimize, optimize_with_report
-from eqsat.extract.optimize import _Index
+from eqsat.extract.pipeline import _Index
 from eqsat import interpret
 from eqsat.ir import DType, Module, parse, print_module
 from eqsat.rules import Limits, algebraic, default, layout, load, saturate, usable_nodes

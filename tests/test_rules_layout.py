@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import eqsat
-from eqsat.extract.optimize import optimize_with_report
+from eqsat.extract import optimize_with_report
 from eqsat.ir.types import DType, TensorType
 from eqsat.rules import Rule, RuleSet, check, default, layout, op, parse, saturate, var
 from eqsat.rules.compile import compile_rule

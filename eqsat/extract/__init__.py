@@ -54,7 +54,7 @@ def extract(graph: EGraph, costs: np.ndarray, method: str = "auto",
 
 
 # optimize() builds on extract(), so it is imported after it
-from .optimize import OptimizeWarning, optimize, optimize_with_report  # noqa: E402
+from .pipeline import OptimizeWarning, optimize, optimize_with_report  # noqa: E402
 from .report import OptimizeReport  # noqa: E402
 
 __all__ = [
