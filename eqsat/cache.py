@@ -54,12 +54,17 @@ def store(directory: Path | None, name: str, data: bytes) -> None:
 
 
 @functools.cache
+# Bumped when the rates' measurement changes, so rates measured the old way are measured again.
+RATES_VERSION = 2
+
+
 def machine_key() -> str:
-    """What identifies this machine for measured rates: host, processor and core count."""
+    """What identifies this machine for measured rates: host, processor and core count (and
+    how the rates are measured)."""
     import numpy as np
 
     return "|".join([platform.node(), platform.machine(), _processor(),
-                     str(os.cpu_count()), np.__version__])
+                     str(os.cpu_count()), np.__version__, f"rates{RATES_VERSION}"])
 
 
 def _processor() -> str:
