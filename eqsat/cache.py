@@ -53,11 +53,11 @@ def store(directory: Path | None, name: str, data: bytes) -> None:
         pass
 
 
-@functools.cache
 # Bumped when the rates' measurement changes, so rates measured the old way are measured again.
 RATES_VERSION = 2
 
 
+@functools.cache
 def machine_key() -> str:
     """What identifies this machine for measured rates: host, processor and core count (and
     how the rates are measured)."""

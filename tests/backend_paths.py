@@ -12,7 +12,7 @@ from contextlib import contextmanager
 @contextmanager
 def count_paths() -> Iterator[Counter]:
     """Count, while active, the big-data paths the CPU backend takes when it lowers modules:
-    packed GEMM, host BLAS, loop products, in-place views, chunked groups, shared reductions,
+    packed GEMM, host BLAS, loop products, narrow and small products, in-place views, chunked groups, shared reductions,
     streamed outputs, threaded kernels, reused arena blocks."""
     from eqsat.backend import entry, gemm, llvm_kernels, matmul_kernels, parallel
     hits: Counter = Counter()
@@ -34,6 +34,7 @@ def count_paths() -> Iterator[Counter]:
     wrap(gemm, "gemm_matmul", tally("packed_gemm"))
     wrap(matmul_kernels, "_blas_matmul", tally("blas"))
     wrap(matmul_kernels, "_loop_matmul", tally("loop_matmul"))
+    wrap(matmul_kernels, "narrow_matmul", tally("narrow_matmul"))
     wrap(entry, "matmul_viewed", tally("in_place_view"))
     wrap(entry, "group_kernel", tally("chunked_group"))
     wrap(entry, "find_shares", lambda out, *a: hits.update(["shared_reduction"] * (len(out) // 2)))

@@ -13,6 +13,7 @@ from ..ir.module import Function, Stmt
 from ..ir.types import TensorType
 from . import blas
 from .llvm_kernels import KERNELS, Kernel, KernelBuilder, _load, _store
+from .narrow_matmul import narrow_matmul, narrow_pays, small_pays
 from .loops import for_range, i64, row_major_strides, strided_offset
 from .scalar import I8, I32, LoweringError, const, llvm_type
 
@@ -191,8 +192,12 @@ def matmul_kernel(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[T
     k = ins[0].shape[-2] if ta else ins[0].shape[-1]
     if k and gemm_pays(out, k):
         return gemm.gemm_matmul(kb, name, out, ins, ta, tb, epilogue)
+    if k and narrow_pays(out, ta, tb):
+        return narrow_matmul(kb, name, out, ins, ta, tb, epilogue)
     if blas_pays(out, k):
         return _blas_matmul(kb, name, out, ins, ta, tb, epilogue)
+    if k and small_pays(out, tb):
+        return narrow_matmul(kb, name, out, ins, ta, tb, epilogue)
     return _loop_matmul(kb, name, out, ins, ta, tb, epilogue)
 
 
