@@ -96,6 +96,29 @@ def test_small_products(dtype: str, data, ta: bool) -> None:
     run_and_check(dtype, batch, m, n, k, ta, False, seed=m + 5 * n + 11 * k)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32"])
+@SETTINGS
+@given(data=st.data(), ta=st.booleans())
+def test_small_products_b_transposed(dtype: str, data, ta: bool) -> None:
+    """B transposed, below the BLAS's size: the loops take each element as a dot product along
+    the depth (integers exactly, in wrapping arithmetic as numpy's)."""
+    m, n = data.draw(st.integers(1, 30), label="m"), data.draw(st.integers(1, 40), label="n")
+    k = data.draw(st.integers(1, min(200, max(1, (matmul_kernels.BLAS_MIN_FLOPS - 1) // (m * n)))),
+                  label="k")
+    if dtype != "i32":
+        run_and_check(dtype, (), m, n, k, ta, True, seed=m + 3 * n + 17 * k)
+        return
+    sa, t = ((k, m) if ta else (m, k)), ty(dtype, (m, n))
+    mod = parse(f"module @m\nfunc @f(%a: {ty(dtype, sa)}, %b: {ty(dtype, (n, k))}) -> {t} {{\n"
+                f"  %c = matmul_t %a, %b, ta={int(ta)}, tb=1 : {t}\n  return %c\n}}")
+    rng = np.random.default_rng(m + n + k)
+    a = rng.integers(-2**31, 2**31, sa, dtype=np.int32)
+    b = rng.integers(-2**31, 2**31, (n, k), dtype=np.int32)
+    got = compile_module(mod, cache_dir=None)("f", a, b)
+    np.testing.assert_array_equal(got, (a.T if ta else a) @ b.T)
+    np.testing.assert_array_equal(got, eqsat.interpret(mod, "f", a, b))
+
+
 def test_paths() -> None:
     """Narrow products leave the BLAS (A transposed: the `columns` form; as stored, with B as
     stored: `rows`); A as stored with B transposed would gather B: the BLAS keeps it. Small

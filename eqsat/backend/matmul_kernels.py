@@ -150,7 +150,9 @@ def uses_packed_gemm(func: Function) -> bool:
 
 def _loop_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
                  ta: bool, tb: bool, epilogue: Epilogue | None) -> Kernel:
-    """Rows of C in [lo, hi): C[r, :] = sum_p A[r, p] * B[p, :], vectorized along the row."""
+    """Rows of C in [lo, hi): C[r, :] = sum_p A[r, p] * B[p, :], vectorized along the row; with
+    B transposed (its rows contiguous along the depth), each C[r, j] as one dot product instead,
+    vectorized along the depth (a float sum reassociated, as any vectorized reduction)."""
     a, bt = ins[0], ins[1]
     m, n = out.shape[-2], out.shape[-1]
     k = a.shape[-2] if ta else a.shape[-1]
@@ -159,24 +161,39 @@ def _loop_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Te
     fn, b, lo, hi, (c,), ptrs = kb.function(name, [out.dtype], [t.dtype for t in ins])
     pa, pb = ptrs[0], ptrs[1]
     is_float = out.dtype.is_float
+    flags = ("contract", "reassoc") if is_float else ()
     zero = const(llvm_type(out.dtype), 0.0 if is_float else 0)
+
+    def fma(acc: ir.Value, av: ir.Value, bv: ir.Value) -> ir.Value:
+        if is_float:
+            return b.fadd(acc, b.fmul(av, bv, flags=flags), flags=flags)
+        return b.add(acc, b.mul(av, bv))
+
     with for_range(b, lo, hi, name="row") as r:
         crow = b.mul(r, i64(n))
         batch = b.udiv(r, i64(m))
         arow = b.add(b.mul(batch, i64(m * k)), b.mul(b.urem(r, i64(m)), i64(sa_i)))
         bmat = b.mul(batch, i64(k * n))
-        with for_range(b, 0, n, name="z") as j:
-            _store(b, zero, c, b.add(crow, j))
-        with for_range(b, 0, k, name="p") as q:
-            av = _load(b, pa, b.add(arow, b.mul(q, i64(sa_p))))
-            brow = b.add(bmat, b.mul(q, i64(sb_p)))
+        if sb_p == 1:
             with for_range(b, 0, n, name="j") as j:
-                co = b.add(crow, j)
-                bv = _load(b, pb, b.add(brow, b.mul(j, i64(sb_j))))
-                prod = b.fmul(av, bv, flags=("contract",)) if is_float else b.mul(av, bv)
-                acc = _load(b, c, co)
-                _store(b, b.fadd(acc, prod, flags=("contract",)) if is_float else b.add(acc, prod),
-                       c, co)
+                bcol = b.add(bmat, b.mul(j, i64(sb_j)))
+                with b.goto_entry_block():
+                    slot = b.alloca(zero.type, name="dot")
+                b.store(zero, slot)
+                with for_range(b, 0, k, name="p") as q:
+                    av = _load(b, pa, b.add(arow, b.mul(q, i64(sa_p))))
+                    b.store(fma(b.load(slot), av, _load(b, pb, b.add(bcol, q))), slot)
+                _store(b, b.load(slot), c, b.add(crow, j))
+        else:
+            with for_range(b, 0, n, name="z") as j:
+                _store(b, zero, c, b.add(crow, j))
+            with for_range(b, 0, k, name="p") as q:
+                av = _load(b, pa, b.add(arow, b.mul(q, i64(sa_p))))
+                brow = b.add(bmat, b.mul(q, i64(sb_p)))
+                with for_range(b, 0, n, name="j") as j:
+                    co = b.add(crow, j)
+                    bv = _load(b, pb, b.add(brow, b.mul(j, i64(sb_j))))
+                    _store(b, fma(_load(b, c, co), av, bv), c, co)
         if epilogue is not None:
             epilogue(b, ptrs[2:], c, r)
     b.ret_void()
