@@ -1,6 +1,8 @@
 """Matrix products for the CPU: the generated packed GEMM (gemm.py) for large float products,
-the host BLAS for narrow ones (and for all, with EQSAT_GEMM=0), generated loops for small or
-integer ones; epilogues (a `matmul_epi`'s body) rewrite finished rows or blocks in place."""
+vector code for narrow and small float ones (narrow_matmul.py), the host BLAS for the narrow
+ones that code cannot read well (and for all, with EQSAT_GEMM=0), generated loops for the rest
+(integers, small products with B transposed); epilogues (a `matmul_epi`'s body) rewrite
+finished rows or blocks in place."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ from ..ir.module import Function, Stmt
 from ..ir.types import TensorType
 from . import blas
 from .llvm_kernels import KERNELS, Kernel, KernelBuilder, _load, _store
-from .narrow_matmul import narrow_matmul, narrow_pays, small_pays
 from .loops import for_range, i64, row_major_strides, strided_offset
+from .narrow_matmul import narrow_matmul, narrow_pays, small_pays
 from .scalar import I8, I32, LoweringError, const, llvm_type
 
 # Products with at least this many multiply-adds go to the host BLAS; smaller ones are loops
