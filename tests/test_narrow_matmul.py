@@ -38,10 +38,11 @@ def product_module(dtype: str, batch: tuple[int, ...], m: int, n: int, k: int, t
     sa = (*batch, k, m) if ta else (*batch, m, k)
     sb = (*batch, n, k) if tb else (*batch, k, n)
     t = ty(dtype, (*batch, m, n))
+    flags = f"ta={int(ta)}, tb={int(tb)}"
     return parse(f"""module @m
 func @f(%a: {ty(dtype, sa)}, %b: {ty(dtype, sb)}, %bias: {dtype}[{n}], %res: {t}) -> ({t}, {t}) {{
-  %c = matmul_t %a, %b, ta={int(ta)}, tb={int(tb)} : {t}
-  %e = matmul_epi %a, %b, %bias, %res, ta={int(ta)}, tb={int(tb)}, body=add(relu(add($0, $1)), $2) : {t}
+  %c = matmul_t %a, %b, {flags} : {t}
+  %e = matmul_epi %a, %b, %bias, %res, {flags}, body=add(relu(add($0, $1)), $2) : {t}
   return %c, %e
 }}""")
 
@@ -128,7 +129,8 @@ def test_paths() -> None:
         hits = paths(product_module("f32", (), 256, 10, 512, bool(ta), bool(tb)))
         assert (hits.get("narrow_matmul", 0) > 0) == narrow, (ta, tb, hits)
         assert (hits.get("blas", 0) == 0) == narrow, (ta, tb, hits)
-    assert paths(product_module("f32", (), 256, wide, 512, True, False)).get("narrow_matmul", 0) == 0
+    wide_paths = paths(product_module("f32", (), 256, wide, 512, True, False))
+    assert wide_paths.get("narrow_matmul", 0) == 0
     assert paths(product_module("f64", (), 20, 30, 40, False, False)).get("narrow_matmul", 0) == 2
     integer = parse("module @m\nfunc @f(%a: i32[20,30], %b: i32[30,5]) -> i32[20,5] {\n"
                     "  %c = matmul %a, %b : i32[20,5]\n  return %c\n}")

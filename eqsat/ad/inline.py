@@ -12,26 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir import Function, Stmt
+from ..ir.module import Names
 from ..ir.fused import EXPANSIONS, unfuse
 
 # Ops the reverse pass never sees: flattening replaces them by what they stand for.
 FLATTENED = frozenset({"call"} | set(EXPANSIONS))
-
-
-class Names:
-    """A set of taken names that hands out fresh ones (`base`, `base.1`, `base.2`, ...)."""
-
-    def __init__(self, taken: set[str] | None = None):
-        self.taken: set[str] = set(taken or ())
-
-    def fresh(self, base: str) -> str:
-        """`base`, or the first free `base.k`; the result is taken from now on."""
-        name, k = base, 0
-        while name in self.taken:
-            k += 1
-            name = f"{base}.{k}"
-        self.taken.add(name)
-        return name
 
 
 def flatten(f: Function, functions: Mapping[str, Function], reserved: set[str]) -> Function:

@@ -14,7 +14,8 @@ from ..errors import VerifyError
 from ..ir import OPS, Function, Param, Stmt
 from ..ir.verifier import seed_names
 from .builder import Builder, is_placeholder
-from .inline import FLATTENED, Names
+from ..ir.module import Names
+from .inline import FLATTENED
 from .vjp_rules import VJP_RULES
 
 

@@ -25,7 +25,7 @@ from collections.abc import Hashable, Mapping
 import numpy as np
 
 from ..errors import Error
-from ..ir.module import Function, Module, Stmt
+from ..ir.module import Function, Module, Names, Stmt
 from ..ir.verifier import verify
 from ..rules.bridge import ENode as BridgeNode
 from ..rules.bridge import Serialized
@@ -314,8 +314,8 @@ def function_graph(ser: Serialized, index: _Index, f: Function, module: Module) 
 def emit(f: Function, graph: EGraph, ext: Extraction, ser: Serialized, module: Module) -> Function:
     """The function `f` computing its results with the nodes `ext` chose (children first)."""
     names: dict[int, str] = {}
-    taken = {p.name for p in f.params}
-    params = taken.copy()
+    params = {p.name for p in f.params}
+    fresh_names = Names(params)
     body: list[Stmt] = []
     results_of: dict[int, tuple[str, ...]] = {}
     # name a call's results after the classes that read them
@@ -325,13 +325,7 @@ def emit(f: Function, graph: EGraph, ext: Extraction, ser: Serialized, module: M
     def fresh(c: int) -> str:
         cid = graph.class_ids[c]
         base = ser.names.get((f.name, cid), "") if isinstance(cid, str) else ""
-        base = base or f"v{len(taken)}"
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}.{k}"
-        taken.add(name)
-        return name
+        return fresh_names.fresh(base or f"v{len(fresh_names.taken)}")
 
     for c in ext.order():
         node = graph.nodes[ext.choice[c]]

@@ -130,6 +130,22 @@ class GradDecl:
 Item = Union[Function, GradDecl]
 
 
+class Names:
+    """A set of taken names that hands out fresh ones (`base`, `base.1`, `base.2`, ...)."""
+
+    def __init__(self, taken: set[str] | None = None):
+        self.taken: set[str] = set(taken or ())
+
+    def fresh(self, base: str) -> str:
+        """`base`, or the first free `base.k`; the result is taken from now on."""
+        name, k = base, 0
+        while name in self.taken:
+            k += 1
+            name = f"{base}.{k}"
+        self.taken.add(name)
+        return name
+
+
 class Module:
     """An immutable, ordered collection of functions and gradient declarations.
 

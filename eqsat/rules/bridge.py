@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import Error
 from ..extension import load_extension
-from ..ir.module import Function, Module, Stmt
+from ..ir.module import Function, Module, Names, Stmt
 from ..ir.ops import INTS
 from ..ir.types import DTYPES, TensorType
 from ..ir.verifier import verify
@@ -404,18 +404,12 @@ class _Builder:
             for cid, owner in ser.param_of.items():
                 if owner == (f.name, p.name):
                     env[cid] = p.name
-        taken = set(env.values())
+        fresh_names = Names(set(env.values()))
         body: list[Stmt] = []
         calls: dict[tuple[str, tuple[str, ...]], list[str]] = {}
 
         def fresh(cid: str) -> str:
-            base = ser.names.get((f.name, cid), f"e{len(taken)}")
-            name, k = base, 0
-            while name in taken:
-                k += 1
-                name = f"{base}.{k}"
-            taken.add(name)
-            return name
+            return fresh_names.fresh(ser.names.get((f.name, cid), f"e{len(fresh_names.taken)}"))
 
         def pick(cid: str) -> ENode:
             nid = choice.get(cid)
