@@ -160,6 +160,16 @@ def test_integer_values_carry_no_gradient():
     assert "x.adj = const 0.0 : f64[3]" in str(e)
 
 
+@pytest.mark.parametrize("dtype", ["bool", "i32"])
+def test_cast_from_bool_or_int_next_to_the_seed(dtype: str):
+    """A bool or integer cast to float right before the result: the seed's constant 1.0 must
+    not be cast back to the operand's type (a bool constant written 1.0 did not verify)."""
+    make = {"bool": "  %c = le %x, %x : bool[]\n", "i32": "  %c = cast %x : i32[]\n"}[dtype]
+    m = parse(f"func @f(%x: f32[]) -> f32[] {{\n{make}  %n = cast %c : f32[]\n"
+              "  %y = add %x, %n : f32[]\n  return %y\n}\nfunc @g = grad @f wrt %x\n")
+    assert float(run(differentiate(m), "g", np.float32(2.5))[0]) == 1.0
+
+
 def test_unused_parameter_gets_a_zero_of_its_type():
     m = parse("func @f(%x: f32[], %w: f32[2,3]) -> f32[] {\n  %y = exp %x : f32[]\n"
               "  return %y\n}\nfunc @g = grad @f wrt %x, %w\n")

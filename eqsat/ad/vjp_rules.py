@@ -168,6 +168,7 @@ VJP_RULES: dict[str, Rule] = {
     "reshape": lambda b, s, g: (b.emit("reshape", g, type=b.types[s.operands[0]]),),
     "slice": _slice,
     "concat": _concat,
-    # float -> float only: the reverse pass gives integer values no adjoint.
-    "cast": lambda b, s, g: (b.emit("cast", g, type=b.types[s.operands[0]]),),
+    # float -> float only: an integer or bool operand gets no adjoint (nor a cast to its type).
+    "cast": lambda b, s, g: (b.emit("cast", g, type=b.types[s.operands[0]])
+                             if b.types[s.operands[0]].dtype.is_float else None,),
 }
