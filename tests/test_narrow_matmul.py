@@ -18,6 +18,7 @@ from backend_paths import count_paths
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 DTYPES = {"f32": np.float32, "f64": np.float64}
+INTS = {"i32": np.int32, "i64": np.int64}
 EPS = {"f32": 2.0 ** -24, "f64": 2.0 ** -53}
 
 
@@ -52,6 +53,16 @@ def run_and_check(dtype: str, batch: tuple[int, ...], m: int, n: int, k: int, ta
     mod = product_module(dtype, batch, m, n, k, ta, tb)
     f = mod["f"]
     rng = np.random.default_rng(seed)
+    if dtype in INTS:  # exact, wrapping (the epilogue's relu and bias too)
+        args = [rng.integers(-2**31, 2**31, p.type.shape, dtype=INTS[dtype]) for p in f.params]
+        got = compile_module(mod, cache_dir=None)("f", *args)
+        for g, w in zip(got, eqsat.interpret(mod, "f", *args)):
+            np.testing.assert_array_equal(g, w)
+        a, b = args[:2]
+        with np.errstate(over="ignore"):
+            want = (np.swapaxes(a, -1, -2) if ta else a) @ (np.swapaxes(b, -1, -2) if tb else b)
+        np.testing.assert_array_equal(got[0], want)
+        return
     a, b, bias, res = (rng.uniform(-1, 1, p.type.shape).astype(DTYPES[dtype]) for p in f.params)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     prod = (np.swapaxes(a64, -1, -2) if ta else a64) @ (np.swapaxes(b64, -1, -2) if tb else b64)
@@ -83,12 +94,12 @@ def test_narrow_products(dtype: str, data, ta: bool, tb: bool) -> None:
     run_and_check(dtype, batch, m, n, k, ta, tb, seed=m + 7 * n + 13 * k)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "i64"])
 @SETTINGS
 @given(data=st.data(), ta=st.booleans())
 def test_small_products(dtype: str, data, ta: bool) -> None:
-    """Below the BLAS's size, any width: column blocks of up to COLUMN_VECTORS vectors, the last
-    one masked."""
+    """Below the BLAS's size (integers: any size), any width: column blocks of up to
+    COLUMN_VECTORS vectors, the last one masked."""
     m = data.draw(st.integers(1, 40), label="m")
     n = data.draw(st.integers(1, 150), label="n")
     k_max = max(1, (matmul_kernels.BLAS_MIN_FLOPS - 1) // (m * n))
@@ -123,7 +134,8 @@ def test_small_products_b_transposed(dtype: str, data, ta: bool) -> None:
 def test_paths() -> None:
     """Narrow products leave the BLAS (A transposed: the `columns` form; as stored, with B as
     stored: `rows`); A as stored with B transposed would gather B: the BLAS keeps it. Small
-    products with B's rows contiguous leave the scalar loops; integer ones stay there."""
+    and integer products with B's rows contiguous leave the scalar loops; with B transposed
+    they stay there (as dot products)."""
     wide = narrow_matmul.lanes(DType.f32) + 1
     for ta, tb, narrow in [(0, 0, True), (1, 0, True), (1, 1, True), (0, 1, False)]:
         hits = paths(product_module("f32", (), 256, 10, 512, bool(ta), bool(tb)))
@@ -132,9 +144,10 @@ def test_paths() -> None:
     wide_paths = paths(product_module("f32", (), 256, wide, 512, True, False))
     assert wide_paths.get("narrow_matmul", 0) == 0
     assert paths(product_module("f64", (), 20, 30, 40, False, False)).get("narrow_matmul", 0) == 2
-    integer = parse("module @m\nfunc @f(%a: i32[20,30], %b: i32[30,5]) -> i32[20,5] {\n"
-                    "  %c = matmul %a, %b : i32[20,5]\n  return %c\n}")
-    assert paths(integer).get("loop_matmul", 0) == 1
+    src = ("module @m\nfunc @f(%a: i32[20,30], %b: i32[{}]) -> i32[20,5] {{\n"
+           "  %c = matmul_t %a, %b, ta=0, tb={} : i32[20,5]\n  return %c\n}}")
+    assert paths(parse(src.format("30,5", 0))).get("narrow_matmul", 0) == 1
+    assert paths(parse(src.format("5,30", 1))).get("loop_matmul", 0) == 1
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])

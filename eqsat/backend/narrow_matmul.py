@@ -1,6 +1,6 @@
-"""Float products the packed GEMM and the host BLAS serve badly, as explicit vector code:
-narrow ones (at most a vector of columns: a classifier's 10 classes, 16 f32 lanes on AVX-512)
-and small ones (below the BLAS's size).
+"""Products the packed GEMM and the host BLAS serve badly, as explicit vector code: narrow
+float ones (at most a vector of columns: a classifier's 10 classes, 16 f32 lanes on AVX-512),
+small ones (below the BLAS's size) and integer ones (which no BLAS has).
 
 The GEMM's 6 x 64 tiles would be mostly padding on a narrow product; the BLAS runs one at a
 third of its speed (28 us for 128x784 @ 784x10), and a small product's scalar loops (C
@@ -17,7 +17,8 @@ operands where they lie (nothing packed, so a thread's share costs only its own 
   FMAs).
 
 No operand is read out of bounds (loads are masked, or read a valid row again) and rows of C
-past its end are never stored. Sums run in depth order, one rounding per FMA.
+past its end are never stored. Sums run in depth order, one rounding per FMA (integers wrap,
+as numpy's).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ ACC_REGISTERS = 24
 ROWS = 4
 COLUMN_VECTORS = 4
 
+_NUMERIC = (DType.f32, DType.f64, DType.i32, DType.i64)
 Epilogue = Callable[[ir.IRBuilder, list[ir.Value], ir.Value, ir.Value], None]
 I1 = ir.IntType(1)
 
@@ -57,9 +59,9 @@ def narrow_pays(out: TensorType, ta: bool, tb: bool) -> bool:
 
 
 def small_pays(out: TensorType, tb: bool) -> bool:
-    """Whether a float product below the BLAS's size (the caller decides that) runs here:
-    op(B)'s rows must be contiguous."""
-    return out.dtype.is_float and out.shape[-1] > 0 and not tb
+    """Whether a product below the BLAS's size (the caller decides that), or an integer one,
+    runs here: op(B)'s rows must be contiguous."""
+    return out.dtype in _NUMERIC and out.shape[-1] > 0 and not tb
 
 
 class _Vec:
@@ -72,9 +74,12 @@ class _Vec:
         self.ety = llvm_type(dtype)
         self.vty = ir.VectorType(self.ety, self.w)
         self.mty = ir.VectorType(I1, self.w)
-        sfx = f"v{self.w}{'f32' if dtype == DType.f32 else 'f64'}"
+        self.is_float = dtype.is_float
+        elem = {DType.f32: "f32", DType.f64: "f64"}.get(dtype, f"i{8 * dtype.itemsize}")
+        sfx = f"v{self.w}{elem}"
         mod = b.module
-        self.fma_fn = declare(mod, f"llvm.fma.{sfx}", self.vty, [self.vty] * 3)
+        self.fma_fn = declare(mod, f"llvm.fma.{sfx}", self.vty, [self.vty] * 3) \
+            if self.is_float else None
         self.mload_fn = declare(mod, f"llvm.masked.load.{sfx}.p0", self.vty,
                                 [self.vty.as_pointer(), I32, self.mty, self.vty])
         self.mstore_fn = declare(mod, f"llvm.masked.store.{sfx}.p0", ir.VoidType(),
@@ -90,7 +95,10 @@ class _Vec:
                                      undef, mask)
 
     def fma(self, x: ir.Value, y: ir.Value, z: ir.Value) -> ir.Value:
-        return self.b.call(self.fma_fn, [x, y, z])
+        """x * y + z: one rounding for floats, wrapping for integers (as numpy's)."""
+        if self.is_float:
+            return self.b.call(self.fma_fn, [x, y, z])
+        return self.b.add(self.b.mul(x, y), z)
 
     def first(self, count: ir.Value) -> ir.Value:
         """The mask of lanes below `count` (an i64)."""
