@@ -81,6 +81,22 @@ def test_structural_equality_ignores_locations():
     assert built != parsed.replace(name="d")
 
 
+def test_zero_sign_makes_modules_differ():
+    """const 0.0 and const -0.0 are different programs (1 / x tells them apart): equality and
+    hashing must see it, or caches keyed by the module mix them up (a module with grad
+    declarations used to get the other one's expansion, and its results)."""
+    def module(value: str) -> eqsat.Module:
+        return eqsat.parse(f"module @m\nfunc @f(%x: f64[]) -> f64[] {{\n  %c = const {value} : "
+                           "f64[]\n  %r = recip %c : f64[]\n  %y = add %r, %x : f64[]\n"
+                           "  return %y\n}\nfunc @g = grad @f wrt %x\n")
+    pos, neg = module("0.0"), module("-0.0")
+    assert pos != neg and hash(pos) != hash(neg)
+    assert eqsat.parse(str(neg)) == neg and module("-0.0") == neg
+    for m, want in ((pos, np.inf), (neg, -np.inf), (pos, np.inf)):
+        assert eqsat.interpret(m, "f", 1.0) == want
+        assert eqsat.compile(m)("f", 1.0) == want
+
+
 def test_interpret_returns_fresh_arrays():
     m = eqsat.parse("func @id(%x: f32[2]) -> f32[2] {\n  return %x\n}\n")
     x = np.ones(2, np.float32)

@@ -33,10 +33,37 @@ class Loc:
         return dict(self.attr_cols).get(name, self.col)
 
 
+class _NegativeZero(float):
+    """-0.0 as an attribute's value: equal only to another -0.0, so that statements (and
+    modules) differing in a zero's sign differ (numpy's 1 / x tells them apart; `==` on floats
+    does not, and modules are cache keys)."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, float) and other == 0.0 and math.copysign(1.0, other) < 0
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    def __hash__(self) -> int:
+        return hash("-0.0")
+
+    def __repr__(self) -> str:
+        return "-0.0"
+
+
+_NEG_ZERO = _NegativeZero(-0.0)
+
+
 def _canonical(value: Any) -> Any:
-    """One object for NaN, so statements holding `const nan` compare equal."""
-    if isinstance(value, float) and math.isnan(value):
-        return _NAN
+    """One object for NaN, so statements holding `const nan` compare equal, and one for -0.0,
+    which then differs from 0.0."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return _NAN
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            return _NEG_ZERO
     if isinstance(value, list):
         return tuple(value)
     return value
