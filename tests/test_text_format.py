@@ -81,6 +81,15 @@ def test_structural_equality_ignores_locations():
     assert built != parsed.replace(name="d")
 
 
+def test_integer_literal_for_a_float_constant():
+    m = eqsat.parse("func @f() -> (f32[2], f64[]) {\n  %a = const 3 : f32[2]\n"
+                    "  %b = const -2 : f64[]\n  return %a, %b\n}")
+    assert "const 3.0 : f32[2]" in str(m) and "const -2.0 : f64[]" in str(m)
+    assert eqsat.parse(str(m)) == m
+    a, b = eqsat.interpret(m, "f")
+    assert a.dtype == np.float32 and a.tolist() == [3.0, 3.0] and b == -2.0
+
+
 def test_zero_sign_makes_modules_differ():
     """const 0.0 and const -0.0 are different programs (1 / x tells them apart): equality and
     hashing must see it, or caches keyed by the module mix them up (a module with grad

@@ -250,13 +250,14 @@ register(OpDef("select", "select", 3, _infer_select, lambda a, _, t: np.where(a[
 
 def literal_fits(value: Any, dtype: DType) -> str | None:
     """Why `value` cannot be a constant of `dtype`, or None if it can."""
+    a = "an" if dtype.is_int else "a"
     if dtype is DType.bool:
         return None if isinstance(value, bool) else "a bool constant is written true or false"
     if isinstance(value, bool):
-        return f"a {dtype} constant cannot be {str(value).lower()}"
+        return f"{a} {dtype} constant cannot be {str(value).lower()}"
     if dtype.is_int:
         if not isinstance(value, int):
-            return f"a {dtype} constant needs an integer literal, got {value!r}"
+            return f"an {dtype} constant needs an integer literal, got {value!r}"
         info = np.iinfo(dtype.np)
         if not info.min <= value <= info.max:
             return f"{value} does not fit in {dtype}"

@@ -279,6 +279,9 @@ class _Parser:
         types = [self.type()]
         while self.accept("punct", ","):
             types.append(self.type())
+        value = attrs.get("value")
+        if opdef.name == "const" and type(value) is int and types[0].dtype.is_float:
+            attrs["value"] = float(value)  # `const 3 : f32[]` means 3.0, as np.full would
         loc = Loc(first.line, first.col, tuple(t.col for t in operands),
                   tuple(attr_cols.items()), type_tok.col + 2)
         return Stmt(tuple(t.text[1:] for t in results), opdef.name,
