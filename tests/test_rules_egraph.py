@@ -1,6 +1,7 @@
 """The bridge (load -> extract round trips), the runner's limits and report, rules in action."""
 
 import time
+import warnings
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -53,6 +54,17 @@ func @f1(%x: f32[1]) -> f32[] {
     out = roundtrip(m)
     got = interpret(out, "f1", np.zeros(1, np.float32))
     assert got == interpret(m, "f1", np.zeros(1, np.float32))
+
+
+def test_f32_constant_beyond_its_range_loads_as_inf_without_a_warning():
+    """`const 1e39 : f32` is inf (numpy's cast); loading it once leaked numpy's overflow
+    RuntimeWarning, which under `-W error` made optimize keep the input program."""
+    m = eqsat.parse("func @f(%x: f32[2]) -> f32[2] {\n  %c = const 1e39 : f32[2]\n"
+                    "  %y = add %x, %c : f32[2]\n  return %y\n}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = eqsat.optimize(m)
+    assert out != m and interpret(out, "f", np.ones(2, np.float32)).tolist() == [np.inf] * 2
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))

@@ -29,6 +29,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..errors import Error
 from ..extension import load_extension
 from ..ir.module import Function, Module, Names, Stmt
@@ -113,8 +115,10 @@ def _list(items: list[str]) -> str:
 def const_term(value: Any, t: TensorType) -> str:
     """The egglog term of `const value : t`."""
     if t.dtype.is_float:
-        # the value the program computes with (f32 rounds), so folding cannot see another one
-        value = float(t.dtype.np.type(value))
+        # the value the program computes with (f32 rounds, 1e39 is inf), so folding cannot see
+        # another one
+        with np.errstate(over="ignore"):
+            value = float(t.dtype.np.type(value))
         negative_zero = value == 0 and math.copysign(1.0, value) < 0
         magnitude = abs(value) if negative_zero else value
         term = f'(ConstF {_float(magnitude)} "{t.dtype}" {_vec(t.shape)})'
