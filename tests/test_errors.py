@@ -16,6 +16,10 @@ def fn(body: str, sig: str = "(%x: f32[4], %y: f32[4]) -> f32[4]") -> str:
 CASES = [
     # (id, text, error, line, col, message fragment)
     ("bad-char", "module @m\nfunc @f() -> f32[] { $ }", ParseError, 2, 22, "unexpected character '$'"),
+    ("name-char", fn("  %\u00e9 = neg %x : f32[4]\n  return %x"), ParseError, 3, 4,
+     "'\u00e9' cannot be part of a %name"),
+    ("bare-sigil", fn("  % = neg %x : f32[4]\n  return %x"), ParseError, 3, 3,
+     "'%' must be followed by a name"),
     ("no-func", "module @m\nfoo", ParseError, 2, 1, "expected 'func'"),
     ("unknown-op", fn("  %a = addd %x, %y : f32[4]\n  return %a"), ParseError, 3, 8,
      "unknown op 'addd'; did you mean 'add'"),

@@ -29,6 +29,7 @@ _TOKEN = re.compile(
 )
 
 _MAX_NUMBER_LEN = 400
+NAME_CHARS = "names are letters, digits, '_' and '.'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,10 @@ class Token:
         return "end of input" if self.kind == "eof" else repr(self.text)
 
 
+def _shown(ch: str) -> str:
+    return repr(ch) if ch.isprintable() else f"{ch!r} (U+{ord(ch):04X})"
+
+
 def tokenize(text: str, source: str | None = None) -> list[Token]:
     """Split text into tokens; any character outside the format is a ParseError."""
     tokens: list[Token] = []
@@ -50,9 +55,15 @@ def tokenize(text: str, source: str | None = None) -> list[Token]:
     while pos < n:
         m = _TOKEN.match(text, pos)
         if m is None:
-            ch = text[pos]
-            shown = repr(ch) if ch.isprintable() else f"{ch!r} (U+{ord(ch):04X})"
-            raise ParseError(f"unexpected character {shown}", line, pos - line_start + 1, source)
+            col, ch = pos - line_start + 1, text[pos]
+            if ch in "%@":  # a sigil without a valid name after it
+                after = text[pos + 1:pos + 2]
+                if after and not after.isspace():
+                    raise ParseError(f"{_shown(after)} cannot be part of a {ch}name ({NAME_CHARS})",
+                                     line, col + 1, source)
+                raise ParseError(f"'{ch}' must be followed by a name ({NAME_CHARS})", line, col,
+                                 source)
+            raise ParseError(f"unexpected character {_shown(ch)}", line, col, source)
         kind = m.lastgroup
         if kind == "nl":
             line += 1
