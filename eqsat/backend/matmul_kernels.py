@@ -211,7 +211,7 @@ def matmul_kernel(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[T
     k = ins[0].shape[-2] if ta else ins[0].shape[-1]
     if k and gemm_pays(out, k):
         return gemm.gemm_matmul(kb, name, out, ins, ta, tb, epilogue)
-    if k and narrow_pays(out, ta, tb):
+    if k and narrow_pays(out):
         return narrow_matmul(kb, name, out, ins, ta, tb, epilogue)
     if blas_pays(out, k):
         return _blas_matmul(kb, name, out, ins, ta, tb, epilogue)

@@ -15,6 +15,10 @@ operands where they lie (nothing packed, so a thread's share costs only its own 
   a broadcast of B per column, an FMA per column and vector. The accumulators hold the block
   transposed; it is written back through a stack tile (n * rows stores against n * rows * k
   FMAs).
+- `dots` (A as stored, B transposed, as in x @ W^T with a torch-style [out, in] weight; narrow
+  products): each element of C is a dot product of two rows contiguous along the depth; a few
+  rows of C at a time, W steps of the depth per vector (the tail masked), summed across the
+  lanes at the end.
 
 No operand is read out of bounds (loads are masked, or read a valid row again) and rows of C
 past its end are never stored. Sums run in depth order, one rounding per FMA (integers wrap,
@@ -50,12 +54,10 @@ def lanes(dtype: DType) -> int:
     return jit.vector_bits() // (8 * dtype.itemsize)
 
 
-def narrow_pays(out: TensorType, ta: bool, tb: bool) -> bool:
-    """Whether a product of result `out` (op(A) = A transposed if `ta`, op(B) if `tb`) too
-    narrow for the GEMM's tiles runs here: at most a vector of columns, and op(B)'s rows
-    contiguous or A transposed (otherwise B would be read by gathers)."""
-    n = out.shape[-1]
-    return out.dtype.is_float and 0 < n <= lanes(out.dtype) and (ta or not tb)
+def narrow_pays(out: TensorType) -> bool:
+    """Whether a float product of result `out` too narrow for the GEMM's tiles runs here: at
+    most a vector of columns (each layout of A and B has a form, see the module docstring)."""
+    return out.dtype.is_float and 0 < out.shape[-1] <= lanes(out.dtype)
 
 
 def small_pays(out: TensorType, tb: bool) -> bool:
@@ -76,7 +78,7 @@ class _Vec:
         self.mty = ir.VectorType(I1, self.w)
         self.is_float = dtype.is_float
         elem = {DType.f32: "f32", DType.f64: "f64"}.get(dtype, f"i{8 * dtype.itemsize}")
-        sfx = f"v{self.w}{elem}"
+        sfx = self.sfx = f"v{self.w}{elem}"
         mod = b.module
         self.fma_fn = declare(mod, f"llvm.fma.{sfx}", self.vty, [self.vty] * 3) \
             if self.is_float else None
@@ -104,6 +106,15 @@ class _Vec:
         """The mask of lanes below `count` (an i64)."""
         return self.b.icmp_signed("<", self.lane_ids, self.splat(count))
 
+    def total(self, x: ir.Value) -> ir.Value:
+        """The sum of x's lanes (in any order for floats)."""
+        b, elem = self.b, self.ety
+        if self.is_float:
+            fn = declare(b.module, f"llvm.vector.reduce.fadd.{self.sfx}", elem, [elem, self.vty])
+            return b.call(fn, [ir.Constant(elem, -0.0), x], fastmath=("reassoc",))
+        fn = declare(b.module, f"llvm.vector.reduce.add.{self.sfx}", elem, [self.vty])
+        return b.call(fn, [x])
+
     def masked_load(self, ptr: ir.Value, mask: ir.Value) -> ir.Value:
         vptr = self.b.bitcast(ptr, self.vty.as_pointer())
         return self.b.call(self.mload_fn, [vptr, ir.Constant(I32, self.size), mask, self.zero])
@@ -125,8 +136,9 @@ def _accumulators(b: ir.IRBuilder, v: _Vec, count: int) -> list[ir.AllocaInstr]:
 def narrow_matmul(kb, name: str, out: TensorType, ins: Sequence[TensorType], ta: bool,
                   tb: bool, epilogue: Epilogue | None):
     """A `Kernel` computing op(A) @ op(B) (`narrow_pays` or `small_pays` must hold), then
-    `epilogue` over each finished row of C: the `columns` form for a narrow product with A
-    transposed, else the `rows` form (see the module docstring)."""
+    `epilogue` over each finished row of C: for a narrow product the `columns` form with A
+    transposed, the `dots` form with B transposed; else the `rows` form (see the module
+    docstring)."""
     from .llvm_kernels import Kernel  # llvm_kernels imports matmul_kernels, which imports this
     a, bt = ins[0], ins[1]
     m, n = out.shape[-2], out.shape[-1]
@@ -140,18 +152,22 @@ def narrow_matmul(kb, name: str, out: TensorType, ins: Sequence[TensorType], ta:
     sb_p, sb_j = (1, k) if tb else (n, 1)
     fn, b, lo, hi, (c,), ptrs = kb.function(name, [out.dtype], [t.dtype for t in ins])
     v = _Vec(b, out.dtype)
-    by_columns = ta and n <= v.w
-    if not by_columns and tb:
+    narrow = n <= v.w and out.dtype.is_float
+    form = "columns" if narrow and ta else "dots" if narrow and tb else "rows"
+    if form == "rows" and tb:
         raise LoweringError("internal error: the rows form reads op(B)'s rows as vectors; "
                             "B transposed has them strided (see narrow_pays, small_pays)")
-    if by_columns:
+    kp = -(-k // v.w) * v.w
+    if form == "columns":
         vecs = max(1, min(4, ACC_REGISTERS // n, -(-m // v.w)))
         per_block = vecs * v.w
-        # lanes doing work: C's rows in whole vectors, its n columns
-        lane_work = -(-m // v.w) * v.w * n
+        lane_work = -(-m // v.w) * v.w * n * k  # C's rows in whole vectors, its n columns
+    elif form == "dots":
+        per_block = max(1, min(ROWS, ACC_REGISTERS // n))
+        lane_work = m * n * kp
     else:
         per_block = ROWS
-        lane_work = m * -(-n // v.w) * v.w
+        lane_work = m * -(-n // v.w) * v.w * k
     blocks = -(-m // per_block)
     with for_range(b, lo, hi, name="unit") as u:
         t, blk = b.udiv(u, i64(blocks)), b.urem(u, i64(blocks))
@@ -161,8 +177,10 @@ def narrow_matmul(kb, name: str, out: TensorType, ins: Sequence[TensorType], ta:
         i0 = b.mul(blk, i64(per_block))
         count = b.sub(i64(m), i0)
         count = b.select(b.icmp_signed("<", count, i64(per_block)), count, i64(per_block))
-        if by_columns:
+        if form == "columns":
             _columns(b, v, a_t, b_t, c_t, i0, count, m, n, k, vecs, sb_p, sb_j)
+        elif form == "dots":
+            _dots(b, v, a_t, b_t, c_t, i0, count, m, n, k, per_block)
         else:
             _rows(b, v, a_t, b_t, c_t, i0, count, m, n, k, sa_i, sa_p, sb_p)
         if epilogue is not None:
@@ -170,7 +188,7 @@ def narrow_matmul(kb, name: str, out: TensorType, ins: Sequence[TensorType], ta:
                 epilogue(b, ptrs[2:], c, b.add(b.add(b.mul(t, i64(m)), i0), r))
     b.ret_void()
     # work: an FMA per lane (padding included) and a load of op(A) per row and depth step
-    return Kernel(fn, batch * blocks, batch * k * (2 * lane_work + m) + out.nbytes)
+    return Kernel(fn, batch * blocks, batch * (2 * lane_work + m * k) + out.nbytes)
 
 
 def _rows(b: ir.IRBuilder, v: _Vec, a_t: ir.Value, b_t: ir.Value, c_t: ir.Value, i0: ir.Value,
@@ -205,6 +223,43 @@ def _rows(b: ir.IRBuilder, v: _Vec, a_t: ir.Value, b_t: ir.Value, c_t: ir.Value,
                 for q in range(vecs):
                     v.masked_store(b.load(accs[r * vecs + q]),
                                    b.gep(row, [i64(q * v.w)], inbounds=True), masks[q])
+
+
+def _dots(b: ir.IRBuilder, v: _Vec, a_t: ir.Value, b_t: ir.Value, c_t: ir.Value,
+          i0: ir.Value, count: ir.Value, m: int, n: int, k: int, rows: int) -> None:
+    """C[i0 + r, j] for r < count (at most `rows`) and every j: A's row (a valid row again past
+    C's end) dotted with B's row j as stored, W steps of the depth per vector, the tail
+    masked; the lanes are summed at the end (reassociated, as any vectorized sum)."""
+    arows = []
+    for r in range(rows):
+        i = b.add(i0, i64(r))
+        i = b.select(b.icmp_signed("<", i, i64(m)), i, i64(m - 1))
+        arows.append(b.gep(a_t, [b.mul(i, i64(k))], inbounds=True))
+    brows = [b.gep(b_t, [i64(j * k)], inbounds=True) for j in range(n)]
+    accs = _accumulators(b, v, rows * n)
+
+    def step(p0: ir.Value, mask: ir.Value | None) -> None:
+        def load(row: ir.Value) -> ir.Value:
+            ptr = b.gep(row, [p0], inbounds=True)
+            if mask is not None:
+                return v.masked_load(ptr, mask)
+            return b.load(b.bitcast(ptr, v.vty.as_pointer()), align=v.size)
+        xs = [load(row) for row in arows]
+        for j in range(n):
+            y = load(brows[j])
+            for r in range(rows):
+                slot = accs[r * n + j]
+                b.store(v.fma(xs[r], y, b.load(slot)), slot)
+
+    with for_range(b, 0, k // v.w, name="pv") as q:
+        step(b.mul(q, i64(v.w)), None)
+    if k % v.w:
+        step(i64(k - k % v.w), v.first(i64(k % v.w)))
+    for r in range(rows):
+        with b.if_then(b.icmp_signed("<", i64(r), count)):
+            row = b.gep(c_t, [b.mul(b.add(i0, i64(r)), i64(n))], inbounds=True)
+            for j in range(n):
+                b.store(v.total(b.load(accs[r * n + j])), b.gep(row, [i64(j)], inbounds=True))
 
 
 def _columns(b: ir.IRBuilder, v: _Vec, a_t: ir.Value, b_t: ir.Value, c_t: ir.Value,
