@@ -1,8 +1,8 @@
 """Matrix products for the CPU: the generated packed GEMM (gemm.py) for large float products,
-vector code for narrow and small float ones (narrow_matmul.py), the host BLAS for the narrow
-ones that code cannot read well (and for all, with EQSAT_GEMM=0), generated loops for the rest
-(integers, small products with B transposed); epilogues (a `matmul_epi`'s body) rewrite
-finished rows or blocks in place."""
+vector code for narrow, small and integer ones (narrow_matmul.py), the host BLAS for the large
+ones the GEMM's tiles fit badly (and for all, with EQSAT_GEMM=0), generated loops for small
+products with B transposed; epilogues (a `matmul_epi`'s body) rewrite finished rows or blocks
+in place."""
 
 from __future__ import annotations
 
