@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 import eqsat
 import eqsat.ad
+from eqsat.testing import modules
 from eqsat.testing.equivalence import assert_equivalent, compare
 
 
@@ -128,3 +130,16 @@ def test_compare_tolerances_and_special_values():
     assert "infinities differ" in compare(a, np.array([1.0, -np.inf, np.nan], np.float32), 1, 1)
     assert "f32" not in (compare(a, a.astype(np.float64), 1, 1) or "f32")
     assert compare(np.float32(1.0), np.float32(2.0), 0.0, 0.5) is not None
+
+
+@settings(max_examples=8, deadline=None)
+@given(modules(max_functions=1))
+def test_inside_the_callers_own_given(m):
+    """The README's example: assert_equivalent inside a user's @given test (a nested @given
+    would fail hypothesis's health check), still catching a pipeline that breaks the module."""
+    assert_equivalent(m, eqsat.parse(str(m)), trials=3)
+    f = m.functions[0]
+    if any(s.op == "add" and s.type.dtype.is_float for s in f.body):
+        broken = eqsat.parse(str(m).replace(" add ", " sub "))
+        with pytest.raises(AssertionError, match="differs between the modules"):
+            assert_equivalent(m, broken, trials=3, low=0.5, high=3.0)
