@@ -65,9 +65,19 @@ def test_deliberately_wrong_rules_are_caught():
                  "rule div_cancel: div(mul(?x, ?y), ?y) => ?x",  # wrong at y = 0
                  "rule sub_comm: sub(?x, ?y) => sub(?y, ?x)",
                  "rule sqrt_sq: sqrt(mul(?x, ?x)) => ?x",  # wrong for x < 0
-                 "rule mm_comm: matmul(?a, ?b) => matmul(?b, ?a) if rank(?a) == 2"]:
+                 "rule mm_comm: matmul(?a, ?b) => matmul(?b, ?a) if rank(?a) == 2",
+                 "rule sel_first: select(?c, ?x, ?y) => ?x",
+                 "rule sel_in_add: add(select(?c, ?x, ?y), ?z) => add(?x, ?z)"]:
         with pytest.raises(eqsat.UnsoundRule, match=text.split()[1].rstrip(":")):
             check(parse(text), examples=40)
+
+
+def test_rules_with_a_variable_select_condition_are_checked():
+    """The condition variable is drawn bool (it was drawn like the branches, so no instance
+    ever verified and every such rule failed to check)."""
+    check(parse("rule sel_same: select(?c, ?x, ?x) => ?x\n"
+                "rule sel_add: add(select(?c, ?x, ?y), ?z) => "
+                "select(?c, add(?x, ?z), add(?y, ?z))"), examples=30)
 
 
 def test_check_refuses_what_is_not_rules():

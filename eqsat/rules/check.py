@@ -165,8 +165,11 @@ class _Instance:
             return self.emit("const", [], {"value": value}, t)
         args: list[str] = []
         sib = sibling if op.family in ("unary", "binary", "compare", "select") else None
-        for arg in p.args:
-            name = self.build(arg, params, sib, lhs)
+        for k, arg in enumerate(p.args):
+            hint = sib
+            if p.op == "select" and k == 0:  # the condition: bool, of the select's shape
+                hint = TensorType(DType.bool, sib.shape if sib is not None else self.shape())
+            name = self.build(arg, params, hint, lhs)
             args.append(name)
             t = self.type_of(name, params)
             if op.family in ("binary", "compare") or p.op == "select" and len(args) > 1:
