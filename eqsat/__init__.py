@@ -47,8 +47,20 @@ def _differentiated(module: Module) -> Module:
     return _differentiate(module)
 
 
+def _as_module(module: Any, what: str) -> Module:
+    """`module` itself, or the module of one traced function (`eqsat.Module(f)`)."""
+    if isinstance(module, Module):
+        return module
+    if isinstance(module, TracedFunction):
+        return Module(module)
+    raise Error(f"{what} takes an eqsat.Module (or an @eqsat.function), not "
+                f"{type(module).__name__}" + ("; parse text with eqsat.parse first"
+                                               if isinstance(module, (str, bytes)) else ""))
+
+
 def differentiate(module: Module) -> Module:
     """Expand every gradient declaration (grad, value_and_grad, vjp) into a plain function."""
+    module = _as_module(module, "differentiate")
     return _differentiated(module) if module.grad_decls else verify(module)
 
 
@@ -56,9 +68,12 @@ def interpret(module: Module, name: str, *arrays: Any) -> np.ndarray | tuple[np.
     """Run function `name` of `module` with numpy semantics (the reference for every stage).
 
     One result comes back as an array, several as a tuple. Gradient declarations are expanded
-    first, so `interpret(m, "loss_grad", ...)` works on a module as parsed.
+    first, so `interpret(m, "loss_grad", ...)` works on a module as parsed. `name` may be the
+    traced function itself.
     """
-    return _interpret(differentiate(module), name, *arrays)
+    if isinstance(name, TracedFunction):
+        name = name.name
+    return _interpret(differentiate(_as_module(module, "interpret")), name, *arrays)
 
 
 def optimize(module: Module, rules: Any = None, target: str = "cpu", limits: Any = None,
@@ -70,6 +85,7 @@ def optimize(module: Module, rules: Any = None, target: str = "cpu", limits: Any
     """
     from .extract import optimize as _optimize
 
+    module = _as_module(module, "optimize")
     return _optimize(module, rules=rules, target=target, limits=limits, **options)
 
 
@@ -77,7 +93,7 @@ def cost(module: Module, target: str = "cpu") -> float:
     """The cost model's estimate, in seconds, of running every function of `module` once."""
     from .extract import module_cost
 
-    return module_cost(differentiate(module), target)
+    return module_cost(differentiate(_as_module(module, "cost")), target)
 
 
 def compile(module: Module, target: str = "cpu", optimize: bool = True, rules: Any = None,
@@ -87,7 +103,7 @@ def compile(module: Module, target: str = "cpu", optimize: bool = True, rules: A
     Returns an Executable: `exe("f", *arrays)` or `exe.f(*arrays)` run the compiled code.
     """
     backend = _backend(target)
-    m = differentiate(module)
+    m = differentiate(_as_module(module, "compile"))
     if optimize:
         m = _optimize_cached(m, rules, target, limits)
     return backend.compile_module(m)
@@ -119,6 +135,7 @@ def _optimize_cached(module: Module, rules: Any, target: str, limits: Any) -> Mo
 
 def emit(module: Module, target: str = "llvm") -> str:
     """The LLVM IR (`target="llvm"`) or PTX (`target="ptx"`) text of `module` as given."""
+    module = _as_module(module, "emit")
     if target == "llvm":
         from .backend import emit_llvm
 

@@ -423,3 +423,4 @@ def test_traced_functions_verify_and_accept_string_annotations():
 
     assert g.ir.params[1].type == f32[()] and verify(Module(g))
     close(g(np.eye(2, dtype=np.float32), np.float32(3)), 3 * np.eye(2, dtype=np.float32))
+

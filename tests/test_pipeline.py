@@ -106,3 +106,24 @@ def test_second_compile_of_a_program_skips_the_optimizer(tmp_path):
     assert cold[1] == "True" and warm[1] == "False"
     assert list((tmp_path / "optimized").glob("*.eqir")) and list((tmp_path / "objects").glob("*.o"))
     assert float(warm[0]) < float(cold[0])
+
+
+def test_facade_takes_a_traced_function_and_refuses_other_things():
+    """compile, interpret, optimize, cost and emit take an @eqsat.function as its module;
+    anything else that is not a Module is an eqsat.Error naming the call."""
+    @eqsat.function
+    def g(x: eqsat.f32[3]):
+        return eqsat.relu(x) * 2.0
+
+    x = np.array([-1.0, 0.5, 2.0], np.float32)  # g may be g_2: another test traced a g
+    assert eqsat.interpret(g, g, x).tolist() == [0.0, 1.0, 4.0]
+    assert eqsat.interpret(g, g.name, x).tolist() == [0.0, 1.0, 4.0]
+    assert eqsat.compile(g)(g, x).tolist() == [0.0, 1.0, 4.0]
+    assert eqsat.optimize(g).functions[0].name == g.name
+    assert eqsat.cost(g) > 0 and "define" in eqsat.emit(g)
+    for call, use in [("compile", lambda m: eqsat.compile(m)),
+                      ("interpret", lambda m: eqsat.interpret(m, "f")),
+                      ("optimize", lambda m: eqsat.optimize(m)), ("cost", eqsat.cost),
+                      ("emit", eqsat.emit)]:
+        with pytest.raises(eqsat.Error, match=f"{call} takes an eqsat.Module.*eqsat.parse"):
+            use("module @m")

@@ -99,7 +99,10 @@ class Executable:
         return arena[1]
 
     def __call__(self, name: str, *arrays: Any) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run function `name` on numpy arrays (or values numpy can convert)."""
+        """Run function `name` (or the @eqsat.function itself) on numpy arrays (or values numpy
+        can convert)."""
+        if not isinstance(name, str):
+            name = getattr(name, "name", name)  # a traced function: its (possibly renamed) name
         entry = self._entries.get(name)
         if entry is None:
             raise UnknownFunction.among("the executable", name, self._entries)
