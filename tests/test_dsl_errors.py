@@ -171,3 +171,17 @@ def test_call_with_a_wrong_argument_type():
         def bad(x: f32[4]):
             return scale(x, 2.0)  # bad-call
     assert_located(err, "bad-call", "argument 1 of @scale (%x) must be f32[3], got f32[4]")
+
+
+@pytest.mark.parametrize("dims", [2.5, True, None, [3, 4], "a", np.float64(3.7), -1, (2, 3.0)])
+def test_bad_dimensions_in_an_annotation(dims):
+    """`f32[...]` takes integers (numpy's too): a float was truncated, True became 1, and
+    other values raised TypeError or an unrelated ValueError."""
+    from eqsat.errors import Error
+    with pytest.raises(Error, match=r"f32\[") as e:
+        DType.f32[dims]
+    assert type(e.value) is Error
+
+
+def test_numpy_integer_dimensions_are_fine():
+    assert DType.f32[np.int64(5), 3].shape == (5, 3) and DType.f64[()].shape == ()

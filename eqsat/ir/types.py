@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import Error
+
 # Bounds that keep every shape representable in 64-bit index arithmetic.
 MAX_RANK = 32
 MAX_ELEMENTS = 2**48
@@ -50,9 +52,17 @@ class DType(enum.Enum):
 
     def __getitem__(self, shape: int | tuple[int, ...]) -> TensorType:
         """`f32[128, 784]` in Python builds a TensorType, as in the text format."""
-        if shape == ():
+        if isinstance(shape, tuple) and shape == ():
             return TensorType(self, ())
         dims = shape if isinstance(shape, tuple) else (shape,)
+        for d in dims:
+            # numpy's integers too; not bools, floats or anything else int() would accept
+            if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
+                raise Error(f"{self.value}[...] takes integer dimensions, got {d!r} "
+                            f"({type(d).__name__})")
+        problem = shape_problem(tuple(int(d) for d in dims))
+        if problem:
+            raise Error(f"{self.value}{list(dims)}: {problem}")
         return TensorType(self, tuple(int(d) for d in dims))
 
     @staticmethod
