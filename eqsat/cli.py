@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,9 +78,15 @@ def cmd_fmt(args: argparse.Namespace) -> int:
 def _read_inputs(path: str, params: tuple) -> list[np.ndarray]:
     """Arguments from an .npz file: by parameter name, else positionally (arr_0, arr_1, ...)."""
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise Error(f"{path}: expected an .npz file of named arrays (np.savez(path, "
+                        f"x=...)), found a single array (an .npy file)")
+        with data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        if isinstance(e, Error):
+            raise
         raise Error(f"{path}: cannot read the inputs: {e}") from None
     names = [p.name for p in params]
     positional = [f"arr_{i}" for i in range(len(names))]

@@ -88,3 +88,18 @@ def test_run_errors(tmp_path, capsys):
     assert "must have shape [4]" in capsys.readouterr().err
     assert main(["run", str(p), "g", "--inputs", str(shape)]) == 1
     assert "has no function @g" in capsys.readouterr().err
+
+
+def test_run_refuses_files_that_are_not_npz(tmp_path, capsys):
+    import numpy as np
+
+    p = tmp_path / "good.eqir"
+    p.write_text(GOOD)
+    npy = tmp_path / "x.npy"
+    np.save(npy, np.zeros(4, np.float32))
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(b"PK\x03\x04 not a zip archive")
+    for path, message in ((npy, "expected an .npz file"), (bad, "cannot read the inputs")):
+        assert main(["run", str(p), "f", "--inputs", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
