@@ -99,3 +99,14 @@ def test_ill_typed_right_side_is_caught():
               "broadcast(add(?x, ?y), shape=?s)")  # misses `if shape(?x) == shape(?y)`
     with pytest.raises(eqsat.UnsoundRule, match="ill-typed"):
         check(r, examples=60)
+
+
+def test_ruleset_misuse_is_named():
+    rs = parse("rule nn: neg(neg(?x)) => ?x")
+    with pytest.raises(eqsat.ParseError, match="expected rule text, got int"):
+        parse(3)
+    with pytest.raises(eqsat.Error, match="has no rule named 'nope'"):
+        rs["nope"]
+    with pytest.raises(TypeError):
+        rs + 3
+    assert rs["nn"].name == "nn" and len(parse(b"rule r: neg(neg(?x)) => ?x")) == 1

@@ -33,6 +33,14 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ..errors import Error, ParseError
+
+
+class UnknownRule(Error, KeyError):
+    """A rule name the RuleSet does not hold (an `eqsat.Error`, and a KeyError for `in`-style
+    code)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 from ..ir.ops import OPS
 
 Pos = tuple[int, int]
@@ -295,6 +303,8 @@ class RuleSet:
             seen[r.name] = r
 
     def __add__(self, other: RuleSet) -> RuleSet:
+        if not isinstance(other, RuleSet):
+            return NotImplemented
         return RuleSet(self.rules + other.rules, f"{self.name}+{other.name}")
 
     def __iter__(self) -> Iterator[Rule]:
@@ -307,7 +317,7 @@ class RuleSet:
         for r in self.rules:
             if r.name == name:
                 return r
-        raise KeyError(name)
+        raise UnknownRule(f"{self.name} has no rule named {name!r}")
 
     def names(self) -> list[str]:
         """The rule names in order."""
@@ -332,6 +342,10 @@ def parse(text: str, name: str = "rules") -> RuleSet:
     """Parse rule text (one `rule NAME: LHS => RHS [if ...]` per line) into a checked RuleSet."""
     from .rule_text import RuleParser
 
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", errors="replace")
+    if not isinstance(text, str):
+        raise ParseError(f"expected rule text, got {type(text).__name__}", 0, 0)
     return RuleSet(RuleParser(text).rules(), name)
 
 
