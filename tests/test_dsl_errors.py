@@ -185,3 +185,19 @@ def test_bad_dimensions_in_an_annotation(dims):
 
 def test_numpy_integer_dimensions_are_fine():
     assert DType.f32[np.int64(5), 3].shape == (5, 3) and DType.f64[()].shape == ()
+
+
+def test_numpy_reductions_on_traced_values():
+    """np.sum / np.mean / np.max / np.min dispatch to the tracer with numpy's dtype= and out=
+    keywords (they raised TypeError); non-default ones are TraceErrors at the user's line."""
+    @function
+    def f(x: DType.f32[3, 4]):
+        return np.sum(x) + np.mean(x, axis=0).sum() + np.max(x) + np.min(x, axis=1).sum()
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    want = np.sum(x) + np.mean(x, axis=0).sum() + np.max(x) + np.min(x, axis=1).sum()
+    assert float(f(x)) == pytest.approx(float(want))
+    with pytest.raises(TraceError, match=r"test_dsl_errors.py:\d+: sum\(dtype=...\)"):
+        @function
+        def g(x: DType.f32[3]):
+            return np.sum(x, dtype=np.float64)

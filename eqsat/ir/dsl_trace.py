@@ -25,16 +25,19 @@ from .types import DType, TensorType, shape_problem
 
 Scalar = bool | int | float
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# numpy's own frames sit between the user's line and ours when a numpy function (np.sum, np.exp)
+# dispatches to a Tracer
+_SKIPPED = (_PACKAGE_DIR, os.path.dirname(os.path.abspath(np.__file__)) + os.sep)
 
 # ---------------------------------------------------------------- errors at the user's line
 
 
 def user_location() -> tuple[str, int] | None:
-    """File and line of the innermost stack frame outside the eqsat package (the user's code)."""
+    """File and line of the innermost stack frame outside eqsat and numpy (the user's code)."""
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith(_PACKAGE_DIR):
+        if not path.startswith(_SKIPPED):
             rel = os.path.relpath(path) if os.path.splitdrive(path)[0] == "" else path
             return (path if rel.startswith("..") else rel), frame.f_lineno
         frame = frame.f_back
@@ -47,6 +50,15 @@ def trace_error(message: str) -> TraceError:
     err = TraceError(f"{where[0]}:{where[1]}: {message}" if where else message)
     err.filename, err.lineno = where if where else (None, 0)
     return err
+
+
+def _numpy_defaults(name: str, dtype: Any, out: Any) -> None:
+    """numpy's reductions pass `dtype` and `out`; a trace has no arrays to write to, and takes
+    the operand's dtype (use .astype first)."""
+    if out is not None:
+        raise trace_error(f"{name}(out=...) cannot be traced: the result is a new value")
+    if dtype is not None:
+        raise trace_error(f"{name}(dtype=...) cannot be traced: cast with .astype() first")
 
 
 # ---------------------------------------------------------------- traces
@@ -287,20 +299,28 @@ class Tracer:
     def __pos__(self) -> Tracer:
         return self
 
-    def sum(self, axis: Any = None, keepdims: bool = False) -> Tracer:
+    # `dtype` and `out` are numpy's (np.sum(x) calls x.sum(axis=, dtype=, out=)): only their
+    # defaults can be traced.
+    def sum(self, axis: Any = None, dtype: Any = None, out: Any = None,
+            keepdims: bool = False) -> Tracer:
         """The sum over `axis` (None: all axes)."""
+        _numpy_defaults("sum", dtype, out)
         return _array().reduce("sum", self, axis, keepdims)
 
-    def max(self, axis: Any = None, keepdims: bool = False) -> Tracer:
+    def max(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> Tracer:
         """The maximum over `axis` (None: all axes)."""
+        _numpy_defaults("max", None, out)
         return _array().reduce("max", self, axis, keepdims)
 
-    def min(self, axis: Any = None, keepdims: bool = False) -> Tracer:
+    def min(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> Tracer:
         """The minimum over `axis` (None: all axes)."""
+        _numpy_defaults("min", None, out)
         return _array().reduce("min", self, axis, keepdims)
 
-    def mean(self, axis: Any = None, keepdims: bool = False) -> Tracer:
+    def mean(self, axis: Any = None, dtype: Any = None, out: Any = None,
+             keepdims: bool = False) -> Tracer:
         """The mean over `axis` (None: all axes)."""
+        _numpy_defaults("mean", dtype, out)
         return _array().mean(self, axis, keepdims)
 
     def reshape(self, *shape: Any) -> Tracer:
