@@ -299,26 +299,26 @@ class Tracer:
     def __pos__(self) -> Tracer:
         return self
 
-    # `dtype` and `out` are numpy's (np.sum(x) calls x.sum(axis=, dtype=, out=)): only their
-    # defaults can be traced.
-    def sum(self, axis: Any = None, dtype: Any = None, out: Any = None,
-            keepdims: bool = False) -> Tracer:
+    # `dtype` and `out` are numpy's (np.sum(x) calls x.sum(axis=, dtype=, out=)), keywords here
+    # so that x.sum(0, True) keeps meaning keepdims: only their defaults can be traced.
+    def sum(self, axis: Any = None, keepdims: bool = False, *, dtype: Any = None,
+            out: Any = None) -> Tracer:
         """The sum over `axis` (None: all axes)."""
         _numpy_defaults("sum", dtype, out)
         return _array().reduce("sum", self, axis, keepdims)
 
-    def max(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> Tracer:
+    def max(self, axis: Any = None, keepdims: bool = False, *, out: Any = None) -> Tracer:
         """The maximum over `axis` (None: all axes)."""
         _numpy_defaults("max", None, out)
         return _array().reduce("max", self, axis, keepdims)
 
-    def min(self, axis: Any = None, out: Any = None, keepdims: bool = False) -> Tracer:
+    def min(self, axis: Any = None, keepdims: bool = False, *, out: Any = None) -> Tracer:
         """The minimum over `axis` (None: all axes)."""
         _numpy_defaults("min", None, out)
         return _array().reduce("min", self, axis, keepdims)
 
-    def mean(self, axis: Any = None, dtype: Any = None, out: Any = None,
-             keepdims: bool = False) -> Tracer:
+    def mean(self, axis: Any = None, keepdims: bool = False, *, dtype: Any = None,
+             out: Any = None) -> Tracer:
         """The mean over `axis` (None: all axes)."""
         _numpy_defaults("mean", dtype, out)
         return _array().mean(self, axis, keepdims)
