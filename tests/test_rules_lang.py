@@ -110,3 +110,10 @@ def test_ruleset_misuse_is_named():
     with pytest.raises(TypeError):
         rs + 3
     assert rs["nn"].name == "nn" and len(parse(b"rule r: neg(neg(?x)) => ?x")) == 1
+
+
+def test_cast_of_a_bool_like_a_float_variable_types_as_that_float():
+    """cast(..., like=?x) has ?x's dtype: a bool operand used to make the rule parser refuse a
+    well-typed right side ('cast gives bool where float/int is needed')."""
+    check(parse("rule relu_mask: relu(?x) => mul(?x, cast(gt(?x, const(0.0, like=?x)), "
+                "like=?x))"), examples=20)

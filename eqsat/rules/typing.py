@@ -103,6 +103,9 @@ class _Checker:
             return FLOAT if DTYPES[dt].is_float else (BOOL if dt == "bool" else NUM - FLOAT)
         if p.op == "select":
             return kinds[1] & kinds[2]
+        if p.op == "cast":  # the dtype of like=?y (or of a dtype variable), not the operand's
+            like = p.attr.get("like")
+            return self.kinds.get(like.name, ANY) if isinstance(like, Var) else ANY
         return kinds[0] if kinds else ANY
 
     def attrs(self, p: Node, lhs: bool) -> None:
