@@ -141,22 +141,28 @@ LIMIT_FIELDS = {"iterations": int, "nodes": int, "seconds": float}
 
 
 def parse_limits(text: str) -> Limits:
-    """`iterations=8,nodes=20000,seconds=5` (any subset) -> Limits; the rest keep defaults."""
+    """`iterations=8,nodes=20000,seconds=5` (any subset) -> Limits; the rest keep defaults.
+    Each is a number >= 0, `inf` for no bound, as for `eqsat.Limits`; iterations and nodes are
+    whole numbers."""
     from .rules import Limits
 
     values: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
-        key = key.strip()
+        key, value = key.strip(), value.strip()
         if not eq or key not in LIMIT_FIELDS:
             raise Error(f"--limits: expected NAME=VALUE with NAME one of "
                         f"{', '.join(LIMIT_FIELDS)}, got {part!r}")
         try:
-            v = LIMIT_FIELDS[key](value.strip())
+            v = float(value)
         except ValueError:
-            raise Error(f"--limits: {key} needs a number, got {value.strip()!r}") from None
-        if not v > 0 or v != v or v == float("inf"):
-            raise Error(f"--limits: {key} must be a positive finite number, got {value.strip()}")
+            raise Error(f"--limits: {key} needs a number, got {value!r}") from None
+        if not v >= 0:  # negative or nan
+            raise Error(f"--limits: {key} must be a number >= 0 (inf for no bound), got {value}")
+        if LIMIT_FIELDS[key] is int and v != float("inf"):
+            if not v.is_integer():
+                raise Error(f"--limits: {key} must be a whole number (or inf), got {value}")
+            v = int(v)
         values[key] = v
     return Limits(**values)
 

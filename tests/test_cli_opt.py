@@ -87,6 +87,9 @@ def test_opt_limits(capsys):
     assert "after 1 round(s)" in capsys.readouterr().err
     assert parse_limits("nodes=5") == Limits(nodes=5)
     assert parse_limits("iterations=2, seconds=0.5") == Limits(iterations=2, seconds=0.5)
+    # what eqsat.Limits accepts: zero, and inf for no bound
+    assert parse_limits("iterations=0,nodes=inf,seconds=inf") == Limits(
+        iterations=0, nodes=float("inf"), seconds=float("inf"))
     for bad in ("nodes", "speed=3", "nodes=many", "seconds=-1", "iterations=1.5",
                 "seconds=nan"):
         with pytest.raises(Error, match="--limits"):
