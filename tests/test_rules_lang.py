@@ -117,3 +117,8 @@ def test_cast_of_a_bool_like_a_float_variable_types_as_that_float():
     well-typed right side ('cast gives bool where float/int is needed')."""
     check(parse("rule relu_mask: relu(?x) => mul(?x, cast(gt(?x, const(0.0, like=?x)), "
                 "like=?x))"), examples=20)
+
+
+def test_deep_nesting_is_a_parse_error():
+    with pytest.raises(eqsat.ParseError, match="nests too deeply"):
+        parse("rule deep: " + "neg(" * 2000 + "?x" + ")" * 2000 + " => ?x")

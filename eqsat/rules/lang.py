@@ -346,7 +346,11 @@ def parse(text: str, name: str = "rules") -> RuleSet:
         text = bytes(text).decode("utf-8", errors="replace")
     if not isinstance(text, str):
         raise ParseError(f"expected rule text, got {type(text).__name__}", 0, 0)
-    return RuleSet(RuleParser(text).rules(), name)
+    try:
+        return RuleSet(RuleParser(text).rules(), name)
+    except RecursionError:
+        raise ParseError("a pattern nests too deeply to parse (hundreds of levels); split the "
+                         "rule into smaller ones", 1, 1) from None
 
 
 def parse_pattern(text: str) -> Pattern:
