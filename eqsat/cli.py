@@ -116,6 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _report(args.file, e)
         return 1
     expanded = differentiate(m)
+    args.function = args.function.removeprefix("@")  # `eqsat run m.eqir @f` as the text writes it
     fn = expanded[args.function]
     inputs = _read_inputs(args.inputs, fn.params) if args.inputs else []
     t = time.perf_counter()

@@ -418,3 +418,9 @@ def test_disk_cache_hit_is_faster(tmp_path) -> None:
     t0 = time.perf_counter()
     compile_module(m, cache_dir=tmp_path)  # the memory cache
     assert time.perf_counter() - t0 < warm + 0.01
+
+
+def test_dir_lists_the_functions():
+    exe = eqsat.compile(eqsat.parse("func @first(%x: f32[2]) -> f32[2] {\n  %y = neg %x : f32[2]\n"
+                                    "  return %y\n}"), optimize=False)
+    assert "first" in dir(exe) and "functions" in dir(exe)

@@ -103,3 +103,15 @@ def test_run_refuses_files_that_are_not_npz(tmp_path, capsys):
         assert main(["run", str(p), "f", "--inputs", str(path)]) == 1
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def test_run_takes_the_function_as_written_in_the_text(tmp_path, capsys):
+    import numpy as np
+
+    p = tmp_path / "good.eqir"
+    p.write_text(GOOD)
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, x=np.ones(4, np.float32))
+    assert main(["run", str(p), "@f", "--inputs", str(inputs)]) == 0
+    out = capsys.readouterr()
+    assert "ran @f in" in out.err and "[-1. -1. -1. -1.]" in out.out

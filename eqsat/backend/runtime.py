@@ -121,5 +121,9 @@ class Executable:
             raise UnknownFunction.among("the executable", name, self._entries)
         return lambda *arrays: self(name, *arrays)
 
+    def __dir__(self) -> list[str]:
+        """The attributes and the callable functions (for tab completion)."""
+        return sorted(set(super().__dir__()) | set(self._entries))
+
     def __repr__(self) -> str:
         return f"<eqsat.Executable @{self.module.name}: {', '.join(self.functions)}>"
