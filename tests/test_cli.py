@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from eqsat.cli import main
 
 GOOD = "module @m\n\nfunc @f(%x: f32[4]) -> f32[4] {\n  %y = neg %x : f32[4]\n  return %y\n}\n"
@@ -73,45 +75,52 @@ def test_run_compiled_and_interpreted(tmp_path, capsys):
     assert "array(s) w match no parameter and are not used" in capsys.readouterr().err
 
 
-def test_run_errors(tmp_path, capsys):
+@pytest.fixture
+def good(tmp_path):
+    """GOOD in a file, and a helper saving named arrays to an .npz beside it."""
     import numpy as np
 
     p = tmp_path / "good.eqir"
     p.write_text(GOOD)
-    wrong = tmp_path / "wrong.npz"
-    np.savez(wrong, z=np.zeros(4, np.float32))
-    assert main(["run", str(p), "f", "--inputs", str(wrong)]) == 1
+
+    def npz(name: str, **arrays) -> str:
+        np.savez(tmp_path / name, **arrays)
+        return str(tmp_path / name)
+    return str(p), npz
+
+
+def test_run_errors(good, capsys):
+    import numpy as np
+
+    p, npz = good
+    wrong = npz("wrong.npz", z=np.zeros(4, np.float32))
+    assert main(["run", p, "f", "--inputs", wrong]) == 1
     assert "no array for parameter(s) %x" in capsys.readouterr().err
-    shape = tmp_path / "shape.npz"
-    np.savez(shape, x=np.zeros(5, np.float32))
-    assert main(["run", str(p), "f", "--inputs", str(shape)]) == 1
+    shape = npz("shape.npz", x=np.zeros(5, np.float32))
+    assert main(["run", p, "f", "--inputs", shape]) == 1
     assert "must have shape [4]" in capsys.readouterr().err
-    assert main(["run", str(p), "g", "--inputs", str(shape)]) == 1
+    assert main(["run", p, "g", "--inputs", shape]) == 1
     assert "has no function @g" in capsys.readouterr().err
 
 
-def test_run_refuses_files_that_are_not_npz(tmp_path, capsys):
+def test_run_refuses_files_that_are_not_npz(good, tmp_path, capsys):
     import numpy as np
 
-    p = tmp_path / "good.eqir"
-    p.write_text(GOOD)
+    p, _ = good
     npy = tmp_path / "x.npy"
     np.save(npy, np.zeros(4, np.float32))
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 not a zip archive")
     for path, message in ((npy, "expected an .npz file"), (bad, "cannot read the inputs")):
-        assert main(["run", str(p), "f", "--inputs", str(path)]) == 1
+        assert main(["run", p, "f", "--inputs", str(path)]) == 1
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
 
 
-def test_run_takes_the_function_as_written_in_the_text(tmp_path, capsys):
+def test_run_takes_the_function_as_written_in_the_text(good, capsys):
     import numpy as np
 
-    p = tmp_path / "good.eqir"
-    p.write_text(GOOD)
-    inputs = tmp_path / "in.npz"
-    np.savez(inputs, x=np.ones(4, np.float32))
-    assert main(["run", str(p), "@f", "--inputs", str(inputs)]) == 0
+    p, npz = good
+    assert main(["run", p, "@f", "--inputs", npz("in.npz", x=np.ones(4, np.float32))]) == 0
     out = capsys.readouterr()
     assert "ran @f in" in out.err and "[-1. -1. -1. -1.]" in out.out
