@@ -33,7 +33,7 @@ def blocking(dtype: DType) -> Blocking:
     for 24 FMAs into 24 of the 32 vector registers (AVX2: 6 x 2W, 12 of 16). The A block
     (MC x KC, 144 KiB f32) and the B block (KC x NC, 512 KiB) stay in L2; measured best
     among 12x32, 8x48, 4x96, 14x32 and KC 128-256 on bench/gemm_bench.py's shapes."""
-    lanes = jit.vector_bits() // (8 * dtype.itemsize)
+    lanes = jit.lanes(dtype.itemsize)
     mr, nr = 6, (4 if jit.vector_bits() >= 512 else 2) * lanes
     kc = 256 if dtype.itemsize == 4 else 128
     return Blocking(mr=mr, nr=nr, kc=kc, mc=24 * mr, nc=8 * nr, lanes=lanes)

@@ -67,6 +67,11 @@ def vector_bits() -> int:
     return 512 if "+avx512f" in host()[2].split(",") else 256
 
 
+def lanes(itemsize: int) -> int:
+    """Elements of `itemsize` bytes in one vector of `vector_bits`."""
+    return vector_bits() // (8 * itemsize)
+
+
 @functools.cache
 def fingerprint() -> str:
     """What compiled code depends on besides the program: target, llvmlite, and this backend's

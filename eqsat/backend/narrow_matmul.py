@@ -4,7 +4,7 @@ small ones (below the BLAS's size) and integer ones (which no BLAS has).
 
 The GEMM's 6 x 64 tiles would be mostly padding on a narrow product; the BLAS runs one at a
 third of its speed (28 us for 128x784 @ 784x10), and a small product's scalar loops (C
-re-read per step of the depth) ran at a tenth of numpy's speed. Two forms, each reading its
+re-read per step of the depth) ran at a tenth of numpy's speed. Three forms, each reading its
 operands where they lie (nothing packed, so a thread's share costs only its own rows):
 
 - `rows` (op(B) with contiguous rows, op(A) any way): a block of ROWS rows of C and up to
@@ -51,7 +51,7 @@ I1 = ir.IntType(1)
 
 def lanes(dtype: DType) -> int:
     """Elements of `dtype` in one vector register of this host."""
-    return jit.vector_bits() // (8 * dtype.itemsize)
+    return jit.lanes(dtype.itemsize)
 
 
 def narrow_pays(out: TensorType) -> bool:
@@ -191,17 +191,25 @@ def narrow_matmul(kb, name: str, out: TensorType, ins: Sequence[TensorType], ta:
     return Kernel(fn, batch * blocks, batch * (2 * lane_work + m * k) + out.nbytes)
 
 
+def _row_starts(b: ir.IRBuilder, a_t: ir.Value, i0: ir.Value, rows: int, m: int,
+                stride: int) -> list[ir.Value]:
+    """Pointers to op(A)'s rows i0 .. i0 + rows - 1 (element stride `stride` between rows),
+    rows past m pointing at row m - 1 again, so that a block's loads stay in bounds."""
+    out = []
+    for r in range(rows):
+        i = b.add(i0, i64(r))
+        i = b.select(b.icmp_signed("<", i, i64(m)), i, i64(m - 1))
+        out.append(b.gep(a_t, [b.mul(i, i64(stride))], inbounds=True))
+    return out
+
+
 def _rows(b: ir.IRBuilder, v: _Vec, a_t: ir.Value, b_t: ir.Value, c_t: ir.Value, i0: ir.Value,
           count: ir.Value, m: int, n: int, k: int, sa_i: int, sa_p: int, sb_p: int) -> None:
     """C[i0 + r, :] for r < count (at most ROWS), COLUMN_VECTORS vectors of columns at a time:
     op(A)'s element of each row (a valid row again past C's end) times op(B)'s row segment."""
     vecs = min(COLUMN_VECTORS, -(-n // v.w))
     span = vecs * v.w
-    arows = []
-    for r in range(ROWS):
-        i = b.add(i0, i64(r))
-        i = b.select(b.icmp_signed("<", i, i64(m)), i, i64(m - 1))
-        arows.append(b.gep(a_t, [b.mul(i, i64(sa_i))], inbounds=True))
+    arows = _row_starts(b, a_t, i0, ROWS, m, sa_i)
     accs = _accumulators(b, v, ROWS * vecs)
     with for_range(b, 0, -(-n // span), name="jb") as jb:
         j0 = b.mul(jb, i64(span))
@@ -230,11 +238,7 @@ def _dots(b: ir.IRBuilder, v: _Vec, a_t: ir.Value, b_t: ir.Value, c_t: ir.Value,
     """C[i0 + r, j] for r < count (at most `rows`) and every j: A's row (a valid row again past
     C's end) dotted with B's row j as stored, W steps of the depth per vector, the tail
     masked; the lanes are summed at the end (reassociated, as any vectorized sum)."""
-    arows = []
-    for r in range(rows):
-        i = b.add(i0, i64(r))
-        i = b.select(b.icmp_signed("<", i, i64(m)), i, i64(m - 1))
-        arows.append(b.gep(a_t, [b.mul(i, i64(k))], inbounds=True))
+    arows = _row_starts(b, a_t, i0, rows, m, k)
     brows = [b.gep(b_t, [i64(j * k)], inbounds=True) for j in range(n)]
     accs = _accumulators(b, v, rows * n)
 
