@@ -49,5 +49,12 @@ class UnknownFunction(Error, AttributeError):
         return cls(f"{owner} has no function @{name}; it has {have}")
 
 
+class UnknownRule(Error, KeyError):
+    """A rule name the RuleSet does not hold; also a KeyError, as a missing key of a mapping."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0])
+
+
 class UnsoundRule(Error):
     """A rewrite rule whose two sides differ on some input; names the rule and the input."""

@@ -32,15 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ..errors import Error, ParseError
-
-
-class UnknownRule(Error, KeyError):
-    """A rule name the RuleSet does not hold (an `eqsat.Error`, and a KeyError for `in`-style
-    code)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
+from ..errors import Error, ParseError, UnknownRule
 from ..ir.ops import OPS
 
 Pos = tuple[int, int]
@@ -328,7 +320,7 @@ class RuleSet:
         hold is an `eqsat.Error`, so a typo cannot leave a rule in silently."""
         unknown = [n for n in names if n not in self.names()]
         if unknown:
-            raise Error(f"{self.name} has no rule named {', '.join(map(repr, unknown))}")
+            raise UnknownRule(f"{self.name} has no rule named {', '.join(map(repr, unknown))}")
         return RuleSet((r for r in self.rules if r.name not in names), self.name)
 
     def __str__(self) -> str:
