@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ..errors import Error, ParseError, UnknownRule
+from ..errors import ParseError, UnknownRule
 from ..ir.ops import OPS
 
 Pos = tuple[int, int]
