@@ -21,6 +21,7 @@ from .ir.dsl import (TracedFunction, abs, broadcast_to, cast, concatenate, cos, 
                      gelu, layer_norm, log, logsumexp, matmul, max, maximum, mean, min,
                      minimum, reciprocal, relu, reshape, rsqrt, sigmoid, sin, softmax, sqrt, sum,
                      tanh, transpose, where)
+from .ir.dsl_function import function_name
 from .ir.interpreter import interpret as _interpret
 from .ad import grad, value_and_grad, vjp
 
@@ -71,9 +72,8 @@ def interpret(module: Module, name: str, *arrays: Any) -> np.ndarray | tuple[np.
     first, so `interpret(m, "loss_grad", ...)` works on a module as parsed. `name` may be the
     traced function itself.
     """
-    if isinstance(name, TracedFunction):
-        name = name.name
-    return _interpret(differentiate(_as_module(module, "interpret")), name, *arrays)
+    return _interpret(differentiate(_as_module(module, "interpret")), function_name(name),
+                      *arrays)
 
 
 def optimize(module: Module, rules: Any = None, target: str = "cpu", limits: Any = None,

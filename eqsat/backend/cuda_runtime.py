@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Error, UnknownFunction
+from ..ir.dsl_function import function_name
 from ..ir.interpreter import check_inputs
 from ..ir.module import Module
 from .cuda import GpuPlan, PtxProgram
@@ -162,7 +163,9 @@ class CudaExecutable:
         return buf.ptr
 
     def __call__(self, name: str, *arrays: Any) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run function `name` on numpy arrays (or device arrays) and return numpy arrays."""
+        """Run function `name` (or the @eqsat.function itself) on numpy arrays (or device
+        arrays) and return numpy arrays."""
+        name = function_name(name)
         plan = self.program.plans.get(name)
         if plan is None:
             raise UnknownFunction.among("the executable", name, self.program.plans)

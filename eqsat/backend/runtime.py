@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UnknownFunction
+from ..ir.dsl_function import function_name
 from ..ir.interpreter import check_inputs
 from ..ir.module import Function, Module
 from .jit import Code
@@ -101,8 +102,7 @@ class Executable:
     def __call__(self, name: str, *arrays: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run function `name` (or the @eqsat.function itself) on numpy arrays (or values numpy
         can convert)."""
-        if not isinstance(name, str):
-            name = getattr(name, "name", name)  # a traced function: its (possibly renamed) name
+        name = function_name(name)
         entry = self._entries.get(name)
         if entry is None:
             raise UnknownFunction.among("the executable", name, self._entries)

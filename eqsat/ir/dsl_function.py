@@ -57,6 +57,12 @@ def _closure(items: Iterable[Any]) -> tuple[Item, ...]:
     return tuple(out.values())
 
 
+def function_name(name: Any) -> Any:
+    """`name`, or a traced function's own name (its Python name, or `name_2` ... when another
+    function took that first): callers may pass the function where a name is asked for."""
+    return name.name if isinstance(name, TracedFunction) else name
+
+
 class TracedFunction:
     """An IR function with the items it calls; call it in a trace (a `call`) or on arrays."""
 
