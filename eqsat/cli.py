@@ -79,15 +79,15 @@ def _read_inputs(path: str, params: tuple) -> list[np.ndarray]:
     """Arguments from an .npz file: by parameter name, else positionally (arr_0, arr_1, ...)."""
     try:
         data = np.load(path, allow_pickle=False)
-        if not isinstance(data, np.lib.npyio.NpzFile):
-            raise Error(f"{path}: expected an .npz file of named arrays (np.savez(path, "
-                        f"x=...)), found a single array (an .npy file)")
-        with data:
-            arrays = {k: data[k] for k in data.files}
+        npz = isinstance(data, np.lib.npyio.NpzFile)
+        if npz:
+            with data:
+                arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        if isinstance(e, Error):
-            raise
         raise Error(f"{path}: cannot read the inputs: {e}") from None
+    if not npz:
+        raise Error(f"{path}: expected an .npz file of named arrays (np.savez(path, x=...)), "
+                    f"found a single array (an .npy file)")
     names = [p.name for p in params]
     positional = [f"arr_{i}" for i in range(len(names))]
     for keys in (names, positional):

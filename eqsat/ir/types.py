@@ -60,10 +60,11 @@ class DType(enum.Enum):
             if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)):
                 raise Error(f"{self.value}[...] takes integer dimensions, got {d!r} "
                             f"({type(d).__name__})")
-        problem = shape_problem(tuple(int(d) for d in dims))
+        ints = tuple(int(d) for d in dims)
+        problem = shape_problem(ints)
         if problem:
-            raise Error(f"{self.value}{list(dims)}: {problem}")
-        return TensorType(self, tuple(int(d) for d in dims))
+            raise Error(f"{self.value}{list(ints)}: {problem}")
+        return TensorType(self, ints)
 
     @staticmethod
     def of(dtype: np.dtype | type) -> DType:
