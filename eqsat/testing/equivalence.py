@@ -20,7 +20,7 @@ from hypothesis.control import currently_in_test_context
 from ..ir.interpreter import interpret
 from ..ir.module import Function, Module
 from ..ir.types import DType
-from .strategies import inputs
+from .strategies import _inward, inputs
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -148,6 +148,7 @@ def _random_inputs(f: Function, low: float, high: float, rng: np.random.Generato
         elif t.dtype.is_int:
             a = rng.integers(math.floor(low), math.ceil(high) + 1, t.shape)
         else:
-            a = np.clip(rng.uniform(low, high, t.shape), low, high)
+            lo, hi = _inward(low, high, t.dtype.np)  # as `inputs`: bounds the dtype holds
+            a = np.clip(rng.uniform(lo, hi, t.shape).astype(t.dtype.np), lo, hi)
         out.append(np.asarray(a, dtype=t.dtype.np))
     return tuple(out)
