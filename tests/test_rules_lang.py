@@ -122,3 +122,40 @@ def test_cast_of_a_bool_like_a_float_variable_types_as_that_float():
 def test_deep_nesting_is_a_parse_error():
     with pytest.raises(eqsat.ParseError, match="nests too deeply"):
         parse("rule deep: " + "neg(" * 2000 + "?x" + ")" * 2000 + " => ?x")
+
+
+def test_every_default_rule_prints_as_text_that_parses_back_to_it():
+    rules = eqsat.rules.default()
+    again = parse(str(rules))
+    assert again.names() == rules.names()
+    for a, b in zip(rules.rules, again.rules):
+        assert a == b and compile_rule(a) == compile_rule(b), str(a)
+
+
+def test_kernel_bodies_in_rule_text():
+    rs = parse("rule lift_tanh: tanh(?x) => map(?x, body=tanh($0), like=?x)\n"
+               "rule unmap_nn: map(?x, body=neg(neg($0))) => ?x\n"
+               "rule epi: add(matmul(?a, ?b), ?c) => "
+               "matmul_epi(?a, ?b, ?c, ta=0, tb=0, body=add($0, $1)) if shape(?c) == shape(?a)")
+    assert str(rs["lift_tanh"]) == "rule lift_tanh: tanh(?x) => map(?x, body=tanh($0), like=?x)"
+    check(rs)
+    m = eqsat.parse("func @f(%x: f32[8]) -> f32[8] {\n"
+                    "  %a = map %x, body=neg(neg($0)) : f32[8]\n  %b = tanh %a : f32[8]\n"
+                    "  return %b\n}\n")
+    out = eqsat.optimize(m, rules=rs)
+    assert [s.op for s in out["f"].body] == ["map"] and "body=tanh($0)" in str(out)
+    with pytest.raises(eqsat.UnsoundRule, match="drop_neg"):
+        check(parse("rule drop_neg: map(?x, body=neg($0)) => ?x"))
+
+
+@pytest.mark.parametrize("text,col,message", [
+    ("rule a: tanh(?x) => map(?x, body=tanh($0, 1), like=?x)", 21, "tanh takes 1 operand"),
+    ("rule a: tanh(?x) => map(?x, body=tanh($1), like=?x)", 21, r"\$1 is out of range"),
+    ("rule a: tanh(?x) => map(?x, body=, like=?x)", 34, "expected a body"),
+    ("rule a: tanh(?x) => map(?x, body=fo($0), like=?x)", 34, "unknown op 'fo'"),
+    ("rule a: tanh(?x) => map(?x, body=tanh(add($0, 1.5.)), like=?x)", 50, ""),
+])
+def test_malformed_bodies_in_rule_text_are_located(text, col, message):
+    with pytest.raises(eqsat.ParseError, match=message) as e:
+        parse(text)
+    assert (e.value.line, e.value.col) == (1, col)

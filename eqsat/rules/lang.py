@@ -8,6 +8,8 @@ side matches anything. Ops whose result type is written (broadcast, reshape, cas
 `shape=`, `dtype=` or `like=?x` (the type of `?x`). `const(VALUE)` matches a float constant
 of that value (`const(1)` an integer one); `const(?c)` binds its value, and a right-hand const
 may compute one: `const(?a + ?b, like=?x)`, `const(size(?s), like=?x)`.
+The kernel ops `map`, `map_reduce` and `matmul_epi` take `body=` a scalar body in the IR's
+syntax: `map(?x, body=tanh($0), like=?x)`.
 A right-hand int-list attribute (`shape=`, `perm=`, ...) may be computed from int lists bound
 on the left (`?s`, `?p`) or written (`[1,0]`) by the functions of `SHAPE_FNS`:
 `shape=permute(?s, ?p)` (`?s` reordered by `?p`, as a transpose reorders a shape) and
@@ -34,6 +36,7 @@ from typing import Any, Union
 
 from ..errors import ParseError, UnknownRule
 from ..ir.ops import OPS
+from ..ir.scalar_expr import App, Arg, Lit, format_body
 
 Pos = tuple[int, int]
 
@@ -194,6 +197,8 @@ class Node:
 
     def __str__(self) -> str:
         def fmt(v: Any) -> str:
+            if isinstance(v, (App, Arg, Lit)):
+                return format_body(v)
             return "[" + ",".join(map(str, v)) + "]" if isinstance(v, tuple) else str(v)
 
         parts = [str(a) for a in self.args]

@@ -9,13 +9,14 @@ from typing import Any
 
 from ..errors import ParseError
 from ..ir.ops import OPS
+from ..ir.scalar_expr import Expr, parse_body
 from ..ir.types import DTYPES
 from .lang import (COND_FNS, Arith, Cond, Fn, Node, Num, Pattern, Pos, Rule, ShapeFn, Var,
                    shape_fn_problem)
 
 _TOKEN = re.compile(r"""
     (?P<ws>[ \t\r\f\v]+) | (?P<nl>\n) | (?P<comment>\#[^\n]*)
-  | (?P<var>\?[A-Za-z_][A-Za-z0-9_]*)
+  | (?P<var>\?[A-Za-z_][A-Za-z0-9_]*) | (?P<arg>\$\d+)
   | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|inf\b|nan\b)
   | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<op>=>|==|!=|<=|>=|[()\[\],:=<>+\-*/])
@@ -28,6 +29,7 @@ class Tok:
     text: str
     line: int
     col: int
+    at: int  # offset in the text: a body attribute is handed on as the text it spans
 
 
 def _tokenize(text: str) -> list[Tok]:
@@ -38,12 +40,12 @@ def _tokenize(text: str) -> list[Tok]:
         if m is None:
             raise ParseError(f"unexpected character {text[pos]!r}", line, pos - start + 1)
         if m.lastgroup == "nl":
-            toks.append(Tok("nl", "\n", line, pos - start + 1))
+            toks.append(Tok("nl", "\n", line, pos - start + 1, pos))
             line, start = line + 1, m.end()
         elif m.lastgroup not in ("ws", "comment"):
-            toks.append(Tok(m.lastgroup, m.group(), line, pos - start + 1))
+            toks.append(Tok(m.lastgroup, m.group(), line, pos - start + 1, pos))
         pos = m.end()
-    toks.append(Tok("eof", "", line, pos - start + 1))
+    toks.append(Tok("eof", "", line, pos - start + 1, pos))
     return toks
 
 
@@ -51,6 +53,7 @@ class RuleParser:
     """Parses rule text; `line0`/`col0` offset positions when the text is part of a larger one."""
 
     def __init__(self, text: str, line0: int = 0, col0: int = 0):
+        self.text = text
         self.toks = _tokenize(text)
         self.i = 0
         self.line0, self.col0 = line0, col0
@@ -146,7 +149,8 @@ class RuleParser:
             if self.tok.kind == "ident" and self.toks[self.i + 1].text == "=":
                 key = self.next()
                 self.next()
-                attrs.append((key.text, self.attr_value()))
+                body = key.text == "body" and self.tok.kind != "var"
+                attrs.append((key.text, self.body() if body else self.attr_value()))
             else:
                 if attrs:
                     raise self.error("operands come before attributes")
@@ -169,6 +173,27 @@ class RuleParser:
                                  "lpad(shape(?x), ?s)); for ?x's own type write like=?x", t)
             return self.shape_fn()
         return self.integer()
+
+    def body(self) -> Expr:
+        """A kernel body, `tanh(add($0, 0.5))`, read by the IR's own body parser from the text
+        up to the next ',' or ')' outside parentheses."""
+        start, depth = self.tok, 0
+        while self.tok.kind not in ("nl", "eof"):
+            if self.tok.text == "(":
+                depth += 1
+            elif self.tok.text == ")" and depth == 0 or self.tok.text == "," and depth == 0:
+                break
+            elif self.tok.text == ")":
+                depth -= 1
+            self.next()
+        if self.tok is start:
+            raise self.error("expected a body ($i, a constant or op(...))")
+        try:
+            return parse_body(self.text[start.at:self.tok.at])
+        except ParseError as e:
+            line, col = self.pos(start)
+            raise ParseError(e.message, line + e.line - 1,
+                             col + e.col - 1 if e.line == 1 else e.col) from None
 
     def int_list(self) -> tuple[int, ...]:
         self.expect("[")

@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ParseError
+from ..ir.fused import BODY
 from ..ir.ops import CALLEE, INT, INTS, OPS
+from ..ir.scalar_expr import App, Arg, Lit, body_op_names, format_body
 from ..ir.types import DTYPES
 from . import schema
 from .lang import WRITTEN_ATTRS, Arith, Cond, Fn, Node, Num, Pattern, Rule, ShapeFn, Var
@@ -37,6 +39,32 @@ def _operand_kinds(node: Node) -> list[frozenset[str]]:
     if node.op == "select":
         return [BOOL, ANY, ANY]
     return [ANY] * n
+
+
+def _body_inputs(node: Node) -> int:
+    """How many $i a kernel body of `node` reads: matmul_epi's $0 is the product."""
+    return len(node.args) - 1 if node.op == "matmul_epi" else len(node.args)
+
+
+def _body_problem(e: Any, n: int) -> str | None:
+    """What makes `e` no body over `n` inputs (ops, arities, $i in range), or None; dtypes
+    wait for the values a rule meets."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Arg):
+            if x.index >= n:
+                return f"${x.index} is out of range with {n} input(s)"
+        elif isinstance(x, App):
+            if x.op not in body_op_names():
+                return f"{x.op!r} is not an op a body may apply"
+            if len(x.args) != OPS[x.op].arity:
+                return f"{x.op} takes {OPS[x.op].arity} operand(s), got {len(x.args)} in " \
+                       f"{format_body(x)}"
+            stack.extend(x.args)
+        elif not isinstance(x, Lit):
+            return f"a body expression like tanh($0) is needed, not {x!r}"
+    return None
 
 
 class _Checker:
@@ -127,6 +155,10 @@ class _Checker:
                     raise self.fail(f"attribute {key} of {p.op} takes a list like [0,1]", p)
                 elif kind == INT and not isinstance(v, int):
                     raise self.fail(f"attribute {key} of {p.op} takes an integer", p)
+                elif kind == BODY:
+                    problem = _body_problem(v, _body_inputs(p))
+                    if problem:
+                        raise self.fail(f"{key} of {p.op}: {problem}", p)
             elif written and key in WRITTEN_ATTRS:
                 self.written_attr(p, key, v, lhs)
             else:
