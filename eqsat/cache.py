@@ -14,6 +14,8 @@ import platform
 import tempfile
 from pathlib import Path
 
+from .host import usable_cores
+
 CACHE_ENV = "EQSAT_CACHE_DIR"
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -64,7 +66,7 @@ def machine_key() -> str:
     import numpy as np
 
     return "|".join([platform.node(), platform.machine(), _processor(),
-                     str(os.cpu_count()), np.__version__, f"rates{RATES_VERSION}"])
+                     str(usable_cores()), np.__version__, f"rates{RATES_VERSION}"])
 
 
 def _processor() -> str:

@@ -250,3 +250,15 @@ def test_row_invariant_subterms_cost_once_per_row():
     # a column vector varies along the rows only; a row vector along the last axis
     assert body_flops(body, [f32[256, 512], f32[512]], (256, 512)) == 256 * 512 * 5
     assert work("map", {"body": body}, ins, [f32[256, 512]]).flops == 256 * 512 + 256 * 4
+
+
+def test_every_layer_counts_the_cores_this_process_may_use(monkeypatch):
+    """The CPU backend's threads and the measured peak both follow the CPU affinity (a
+    container or taskset narrows it below os.cpu_count()), at most 16."""
+    from eqsat import host
+    from eqsat.backend import settings
+
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: {3}, raising=False)
+    assert host.usable_cores() == settings.default_threads() == 1
+    monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert host.usable_cores() == settings.default_threads() == host.MAX_THREADS

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 
+from ..host import usable_cores
+
 
 def gemm_switches() -> tuple[bool, bool]:
     """From EQSAT_GEMM: whether the generated GEMM takes float products at all, and lone
@@ -15,5 +17,5 @@ def gemm_switches() -> tuple[bool, bool]:
 
 
 def default_threads() -> int:
-    """How many threads kernels are split over: the cores, at most 16."""
-    return max(1, min(os.cpu_count() or 1, 16))
+    """How many threads kernels are split over: the cores this process may use, at most 16."""
+    return usable_cores()

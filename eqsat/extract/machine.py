@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cache import CACHE_ENV, cache_dir, machine_key  # noqa: F401  (re-exported)
+from ..host import usable_cores
 
 CACHE_FILE = "machine.json"
 
@@ -52,15 +53,6 @@ def _best_seconds(fn, repeats: int, budget: float = _BUDGET_S) -> float:
     return max(best, 1e-9)
 
 
-def _usable_cores() -> int:
-    """The cores this process may run on (at most 16, as many as the CPU backend's threads)."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    return max(1, min(n, 16))
-
-
 def measure() -> CpuRates:
     """Run the micro-benchmark now (a fraction of a second) and return its rates.
 
@@ -81,7 +73,7 @@ def measure() -> CpuRates:
     np.matmul(sa, sb, out=sout)
     small = _best_seconds(lambda: np.matmul(sa, sb, out=sout), _REPEATS)
     batch, n = _SMALL_SHAPE[0], _SMALL_SHAPE[1]
-    gflops = max(2 * _MATMUL_N**3 / mm, 2 * batch * n**3 / small * _usable_cores()) / 1e9
+    gflops = max(2 * _MATMUL_N**3 / mm, 2 * batch * n**3 / small * usable_cores()) / 1e9
 
     src = np.ones(_COPY_BYTES // 4, dtype=np.float32)
     dst = np.empty_like(src)
