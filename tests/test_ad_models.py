@@ -165,3 +165,60 @@ def test_model_hessian_vector_product():
     (hv,) = run(d, "hvp", *args, *v)
     want = numeric_vjp(d, "g", args, ("w2",), v)[0]
     np.testing.assert_allclose(hv, want, rtol=1e-6, atol=1e-8)
+
+
+# ---------------------------------------------------------------- compiled gradients of extrema
+
+def _compiled_matches_interpreted(text: str, trials: int, seed: int) -> None:
+    import eqsat
+
+    m = eqsat.parse(text)
+    f = m["f"]
+    exe = eqsat.compile(m)
+    rng = np.random.default_rng(seed)
+    for _ in range(trials):
+        args = [rng.uniform(-2, 2, p.type.shape) for p in f.params]
+        seeds = [rng.standard_normal(t.shape) for t in f.result_types]
+        want = eqsat.interpret(m, "g", *args, *seeds)
+        got = exe("g", *args, *seeds)
+        for a, b in zip(got, want):
+            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_optimized_maximum_gradient_survives_a_recomputed_operand():
+    # The optimizer computes %q as a * recip(exp(b)) in one kernel and as a / exp(b) in
+    # another (div_bcast_recip): a winner decided by eq(%q, %m) lost the gradient of %b.
+    _compiled_matches_interpreted("""
+func @f(%a: f64[2,5], %b: f64[], %c: f64[2,5], %d: f64[2,5]) -> f64[2,5] {
+  %bb = broadcast %b : f64[2,5]
+  %e = exp %bb : f64[2,5]
+  %q = div %a, %e : f64[2,5]
+  %m = maximum %q, %c : f64[2,5]
+  %n = minimum %m, %d : f64[2,5]
+  return %n
+}
+func @g = vjp @f wrt %a, %b, %c, %d
+""", trials=20, seed=1)
+
+
+def test_optimized_softmax_gradient_has_no_nan_when_the_max_is_recomputed():
+    # Same rewrite under a max reduction: no element of a row "equalled" the max, and
+    # g / count(0) turned every gradient into NaN.
+    _compiled_matches_interpreted("""
+func @f(%a: f64[4,5], %b: f64[]) -> f64[4,5] {
+  %bb = broadcast %b : f64[4,5]
+  %e = exp %bb : f64[4,5]
+  %q = div %a, %e : f64[4,5]
+  %m = max %q, axes=[1] : f64[4]
+  %mr = reshape %m : f64[4,1]
+  %mb = broadcast %mr : f64[4,5]
+  %s = sub %q, %mb : f64[4,5]
+  %x = exp %s : f64[4,5]
+  %z = sum %x, axes=[1] : f64[4]
+  %zr = reshape %z : f64[4,1]
+  %zb = broadcast %zr : f64[4,5]
+  %p = div %x, %zb : f64[4,5]
+  return %p
+}
+func @g = vjp @f wrt %a, %b
+""", trials=20, seed=1)

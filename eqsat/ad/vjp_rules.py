@@ -69,9 +69,21 @@ def _pow(b: Builder, x: str, y: str, out: str, g: str) -> tuple[str, str]:
     return gx, b.mul(g, b.mul(b.emit("log", safe_x), out))
 
 
-def _extremum(b: Builder, x: str, y: str, out: str, g: str) -> tuple[str, str]:
+def _maximum(b: Builder, x: str, y: str, out: str, g: str) -> tuple[str, str]:
+    return _extremum(b, b.emit("ge", x, y), b.emit("le", x, y), g)
+
+
+def _minimum(b: Builder, x: str, y: str, out: str, g: str) -> tuple[str, str]:
+    return _extremum(b, b.emit("le", x, y), b.emit("ge", x, y), g)
+
+
+def _extremum(b: Builder, x_won: str, y_won: str, g: str) -> tuple[str, str]:
     # JAX's balanced rule: the operand equal to the result takes g, a tie gives each half.
-    x_won, y_won = b.emit("eq", x, out), b.emit("eq", y, out)
+    # Who won is decided by comparing the operands with each other, not with the result: the
+    # optimizer may recompute an operand inside a backward kernel by a different (equal up to
+    # rounding) formula than the one the result was computed from, and eq(x, out) would then
+    # drop the gradient altogether. x >= y or x <= y always holds (but for NaN, where both
+    # rules give no gradient), so some operand always takes g.
     half = b.mul(g, b.const(0.5, g))
     gx = b.where(x_won, b.select(y_won, half, g))
     gy = b.where(y_won, b.select(x_won, half, g))
@@ -84,8 +96,8 @@ BINARY: dict[str, BinaryRule] = {
     "mul": lambda b, x, y, out, g: (b.mul(g, y), b.mul(g, x)),
     "div": _div,
     "pow": _pow,
-    "maximum": _extremum,
-    "minimum": _extremum,
+    "maximum": _maximum,
+    "minimum": _minimum,
 }
 
 
@@ -100,8 +112,15 @@ def _reduce_extremum(b: Builder, s: Stmt, g: str) -> Contribs:
     # Every element equal to the max (min) shares g equally.
     (x,), out, axes = s.operands, s.results[0], s.attr["axes"]
     t = b.types[x]
-    hit = b.mask(b.emit("eq", x, b.expand(out, axes, t)), x)
-    share = b.div(g, b.emit("sum", hit, axes=axes))
+    # x >= max(x) (x <= min(x)) holds exactly where x == max(x); written as ge/le so that an
+    # `x` the optimizer recomputes here by a formula rounding one ulp above `out` still counts.
+    hit = b.mask(b.emit("ge" if s.op == "max" else "le", x, b.expand(out, axes, t)), x)
+    # At least one element equals the max, but the optimizer may recompute `x` here by a
+    # formula that rounds below the one `out` came from, and find none: divide by
+    # max(count, 1) so such a row gets no gradient rather than g / 0 = inf (NaN everywhere
+    # after). Where the max only stabilizes (softmax, logsumexp) its adjoint is ~0 anyway.
+    count = b.emit("sum", hit, axes=axes)
+    share = b.div(g, b.emit("maximum", count, b.const(1.0, count)))
     return (b.mul(b.expand(share, axes, t), hit),)
 
 
