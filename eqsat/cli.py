@@ -22,12 +22,23 @@ if TYPE_CHECKING:
     from .rules import Limits, RuleSet
 
 
-def _load(path: str) -> Module:
+def _read(path: str) -> bytes:
     try:
-        data = Path(path).read_bytes() if path != "-" else sys.stdin.buffer.read()
+        return Path(path).read_bytes() if path != "-" else sys.stdin.buffer.read()
     except OSError as e:
         raise Error(f"{path}: cannot read: {e.strerror or e}") from None
-    return parse(data)
+
+
+def _load(path: str) -> Module:
+    return parse(_read(path))
+
+
+def _write(path: str, write) -> None:
+    """Run `write(path)`; an OSError (no such folder, no permission) becomes an Error."""
+    try:
+        write(path)
+    except OSError as e:
+        raise Error(f"{path}: cannot write: {e.strerror or e}") from None
 
 
 def _report(path: str, e: Error) -> None:
@@ -39,19 +50,23 @@ def _report(path: str, e: Error) -> None:
         print(str(e), file=sys.stderr)
 
 
-def _loaded(paths: list[str], failed: list[str]) -> Iterator[tuple[str, Module]]:
-    """Each file that parses and verifies; the others are reported and noted in `failed`."""
+def _loaded(paths: list[str], failed: list[str]) -> Iterator[tuple[str, Module, bytes]]:
+    """Each file that parses and verifies, with its bytes; the others are reported and noted
+    in `failed`."""
     for path in paths:
         try:
-            yield path, _load(path)
+            data = _read(path)
+            module = parse(data)
         except Error as e:
             _report(path, e)
             failed.append(path)
+            continue
+        yield path, module, data
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     failed: list[str] = []
-    for path, m in _loaded(args.files, failed):
+    for path, m, _ in _loaded(args.files, failed):
         if not args.quiet:
             n_f, n_g = len(m.functions), len(m.grad_decls)
             stmts = sum(len(f.body) for f in m.functions)
@@ -62,14 +77,16 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_fmt(args: argparse.Namespace) -> int:
     failed: list[str] = []
-    for path, m in _loaded(args.files, failed):
+    for path, m, data in _loaded(args.files, failed):
         text = str(m)
         if args.check:
-            if Path(path).read_text() != text:
+            # the text as read (stdin included), newlines read as Python's text files read them
+            source = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+            if source != text:
                 print(f"{path}: not in canonical form", file=sys.stderr)
                 failed.append(path)
         elif args.in_place and path != "-":
-            Path(path).write_text(text)
+            _write(path, lambda p: Path(p).write_text(text))
         else:
             sys.stdout.write(text)
     return 1 if failed else 0
@@ -134,7 +151,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"ran @{args.function} in {seconds * 1e3:.3f} ms "
           f"({'interpreter' if args.interpret else 'compiled'})", file=sys.stderr)
     if args.output:
-        np.savez(args.output, **{f"result{i}": r for i, r in enumerate(results)})
+        _write(args.output, lambda p: np.savez(p, **{f"result{i}": r
+                                                     for i, r in enumerate(results)}))
     return 0
 
 

@@ -124,3 +124,17 @@ def test_run_takes_the_function_as_written_in_the_text(good, capsys):
     assert main(["run", p, "@f", "--inputs", npz("in.npz", x=np.ones(4, np.float32))]) == 0
     out = capsys.readouterr()
     assert "ran @f in" in out.err and "[-1. -1. -1. -1.]" in out.out
+
+
+def test_fmt_check_of_stdin_and_unwritable_outputs(good, tmp_path, capsys, monkeypatch):
+    import io
+
+    import numpy as np
+
+    p, npz = good
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(GOOD.encode())))
+    assert main(["fmt", "--check", "-"]) == 0
+    inputs = npz("in.npz", x=np.arange(4, dtype=np.float32))
+    out = str(tmp_path / "no such folder" / "out.npz")
+    assert main(["run", p, "f", "--inputs", inputs, "-o", out]) == 1
+    assert "cannot write" in capsys.readouterr().err
