@@ -424,3 +424,17 @@ def test_traced_functions_verify_and_accept_string_annotations():
     assert g.ir.params[1].type == f32[()] and verify(Module(g))
     close(g(np.eye(2, dtype=np.float32), np.float32(3)), 3 * np.eye(2, dtype=np.float32))
 
+
+
+def test_transpose_none_reverses_axes_as_numpy():
+    import numpy as np
+
+    import eqsat
+
+    def t(x: eqsat.f32[2, 3, 4]):
+        return x.transpose(None), np.transpose(x)
+
+    tf = eqsat.function(t)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for got in tf(x):
+        np.testing.assert_array_equal(got, np.transpose(x))

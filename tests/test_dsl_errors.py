@@ -201,3 +201,26 @@ def test_numpy_reductions_on_traced_values():
         @function
         def g(x: DType.f32[3]):
             return np.sum(x, dtype=np.float64)
+
+
+def test_python_int_too_large_for_the_dtype():
+    def huge(x: i32[3]):
+        return x + 10**5000
+
+    def big(x: i32[3]):
+        return x * 2**40
+
+    for fn in (huge, big):
+        with pytest.raises(TraceError, match="does not fit in i32"):
+            function(fn)
+
+
+@pytest.mark.parametrize("body", [lambda x: x % 2, lambda x: (x > 0) & (x < 1), lambda x: ~(x > 0),
+                                  lambda x: round(x), lambda x: pow(x, 2, 3),
+                                  lambda x: divmod(x, 2)])
+def test_operators_without_an_op_are_trace_errors(body):
+    def g(x: f32[3]):
+        return body(x)
+
+    with pytest.raises(TraceError, match="not supported|cannot be traced"):
+        function(g)

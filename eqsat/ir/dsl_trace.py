@@ -179,7 +179,12 @@ def literal(value: Any, t: TensorType, what: str) -> Scalar:
         if isinstance(value, float):
             raise trace_error(f"{what}: cannot combine {t} with the float {value!r}; eqsat does "
                               f"not promote implicitly, convert with .astype(eqsat.f32)")
-        return int(value)
+        value = int(value)
+        info = np.iinfo(t.dtype.np)
+        if not info.min <= value <= info.max:  # (str() of a 5000-digit int is a ValueError)
+            shown = value if value.bit_length() <= 256 else f"an integer of {value.bit_length()} bits"
+            raise trace_error(f"{what}: {shown} does not fit in {t.dtype}")
+        return value
     try:
         return float(value)
     except OverflowError:
@@ -331,6 +336,8 @@ class Tracer:
         """`x.transpose()` reverses the axes; `x.transpose(1, 0, 2)` permutes them."""
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
+        elif len(axes) == 1 and axes[0] is None:  # numpy's x.transpose(None), np.transpose(x)
+            axes = ()
         return _array().transpose(self, axes or None)
 
     def astype(self, dtype: Any) -> Tracer:
@@ -399,3 +406,31 @@ for _op in COMPARE:
     setattr(Tracer, f"__{_op}__", _forward(partial(binary, _op)))
 for _op in ("neg", "abs"):
     setattr(Tracer, f"__{_op}__", _unary_method(_op))
+
+
+def _pow(self: Tracer, other: Any, modulo: Any = None) -> Tracer:
+    if modulo is not None:
+        raise trace_error("pow(x, y, mod) with a modulus cannot be traced; eqsat has no "
+                          "modulo op")
+    return binary("pow", self, other)
+
+
+Tracer.__pow__ = _pow  # type: ignore[method-assign]
+
+
+def _unsupported(symbol: str) -> Callable[..., Any]:
+    def refuse(self: Tracer, *_: Any) -> Any:
+        raise trace_error(f"{symbol} is not supported on traced values (eqsat's operators are "
+                          f"+ - * / // @ **, unary -, abs and comparisons; use eqsat.where "
+                          f"for masks)")
+    return refuse
+
+
+# Python operators eqsat has no op for: a TraceError naming the user's line, not a TypeError.
+for _names, _symbol in [(("mod", "rmod"), "%"), (("divmod", "rdivmod"), "divmod()"),
+                        (("and", "rand"), "&"), (("or", "ror"), "|"), (("xor", "rxor"), "^"),
+                        (("lshift", "rlshift"), "<<"), (("rshift", "rrshift"), ">>"),
+                        (("invert",), "~"), (("round",), "round()"), (("floor",), "floor()"),
+                        (("ceil",), "ceil()"), (("trunc",), "trunc()")]:
+    for _n in _names:
+        setattr(Tracer, f"__{_n}__", _unsupported(_symbol))
