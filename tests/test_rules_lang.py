@@ -153,9 +153,29 @@ def test_kernel_bodies_in_rule_text():
     ("rule a: tanh(?x) => map(?x, body=tanh($1), like=?x)", 21, r"\$1 is out of range"),
     ("rule a: tanh(?x) => map(?x, body=, like=?x)", 34, "expected a body"),
     ("rule a: tanh(?x) => map(?x, body=fo($0), like=?x)", 34, "unknown op 'fo'"),
-    ("rule a: tanh(?x) => map(?x, body=tanh(add($0, 1.5.)), like=?x)", 50, ""),
+    ("rule a: tanh(?x) => map(?x, body=tanh(add($0, 1.5.)), like=?x)", 50,
+     "unexpected character '.'"),
 ])
 def test_malformed_bodies_in_rule_text_are_located(text, col, message):
     with pytest.raises(eqsat.ParseError, match=message) as e:
         parse(text)
     assert (e.value.line, e.value.col) == (1, col)
+
+
+def test_digit_strings_past_pythons_int_limit_are_parse_errors():
+    for text in ["rule a: mul(?x, const(" + "9" * 5000 + ")) => ?x",
+                 "rule a: transpose(?x, perm=[" + "9" * 5000 + "]) => ?x",
+                 "rule a: tanh(?x) => map(?x, body=tanh($" + "9" * 5000 + "), like=?x)"]:
+        with pytest.raises(eqsat.ParseError, match="too long"):
+            eqsat.rules.parse(text)
+    with pytest.raises(eqsat.ParseError, match="too long"):
+        eqsat.parse("func @f(%x: f32[2]) -> f32[2] {\n  %c = map %x, body=exp($" + "9" * 5000
+                    + ") : f32[2]\n  return %c\n}\n")
+
+
+def test_rule_names_and_sides_are_checked_when_built():
+    for name in ["a b", 3, "1a"]:
+        with pytest.raises(eqsat.ParseError, match="not a name"):
+            Rule(name, "exp(?x)", "exp(?x)")
+    with pytest.raises(eqsat.ParseError, match="must be a pattern"):
+        Rule("a", 3, var("x"))

@@ -30,6 +30,7 @@ number is needed) raise `ParseError` with the line and column of the offending t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
@@ -247,6 +248,8 @@ def _term_str(t: Any) -> str:
     return str(t)
 
 
+_RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")  # the rule text's ident token
+
 COND_FNS = {"shape": "tensor", "rank": "tensor", "dim": "tensor", "size": "any",
             "dtype": "tensor", "len": "ints"}
 WRITTEN_ATTRS = ("shape", "dtype", "like")
@@ -268,6 +271,15 @@ class Rule:
 
     def __init__(self, name: str, lhs: Pattern | str, rhs: Pattern | str,
                  conds: Iterable[Cond] | str = (), kind: str = "rewrite", pos: Pos = (0, 0)):
+        line, col = pos
+        if not isinstance(name, str) or not _RULE_NAME.match(name):
+            raise ParseError(f"rule name {name!r} is not a name (letters, digits, '_' and '.', "
+                             f"not starting with a digit), so the rule could not be written "
+                             f"as text", line, col)
+        for side, p in (("left", lhs), ("right", rhs)):
+            if not isinstance(p, (str, Var, Node)):
+                raise ParseError(f"rule {name}: the {side}-hand side must be a pattern (text, "
+                                 f"var(...) or op....(...)), not {type(p).__name__}", line, col)
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "lhs", parse_pattern(lhs) if isinstance(lhs, str) else lhs)
         object.__setattr__(self, "rhs", parse_pattern(rhs) if isinstance(rhs, str) else rhs)

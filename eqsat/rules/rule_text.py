@@ -21,6 +21,7 @@ _TOKEN = re.compile(r"""
   | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<op>=>|==|!=|<=|>=|[()\[\],:=<>+\-*/])
 """, re.VERBOSE)
+_MAX_NUMBER_LEN = 400  # int() refuses 4300 digits; no rule needs a number a tenth that long
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ def _tokenize(text: str) -> list[Tok]:
             toks.append(Tok("nl", "\n", line, pos - start + 1, pos))
             line, start = line + 1, m.end()
         elif m.lastgroup not in ("ws", "comment"):
+            if m.lastgroup in ("number", "arg") and len(m.group()) > _MAX_NUMBER_LEN:
+                raise ParseError(f"number with {len(m.group())} characters is too long", line,
+                                 pos - start + 1)
             toks.append(Tok(m.lastgroup, m.group(), line, pos - start + 1, pos))
         pos = m.end()
     toks.append(Tok("eof", "", line, pos - start + 1, pos))
