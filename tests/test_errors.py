@@ -139,3 +139,46 @@ def test_interpret_input_errors():
         eqsat.interpret(m, "f", x, np.zeros(4))
     with pytest.raises(eqsat.Error, match="has no function @g"):
         eqsat.interpret(m, "g", x, x)
+
+
+def test_python_built_module_names_must_be_printable():
+    # a module built in Python verifies only with names its text can hold, so that
+    # eqsat.parse(str(m)) == m; a bad kind, name or type is a VerifyError, never a TypeError
+    from eqsat import f32
+    from eqsat.ir import Function, GradDecl, Module, Param, Stmt
+
+    @eqsat.function
+    def scaled(x: eqsat.f32[3]):
+        return x * 2.0
+
+    scalar = Function("s", (Param("x", f32[()]),), (f32[()],), (), ("x",))
+    bad = [
+        eqsat.Module(scaled, name="my model"),
+        eqsat.Module(scaled, name=3),
+        Module(Function("a b", (Param("x", f32[3]),), (f32[3],), (), ("x",))),
+        Module(scalar, GradDecl("g", "hess", "s", ("x",))),
+        Module(Function("h", (Param("x", f32[3]),), (f32[3],),
+                        (Stmt((1,), "neg", ("x",), (), (f32[3],)),), (1,))),
+        Module(Function("k", (Param("x", eqsat.TensorType("f32", (3,))),),
+                        (eqsat.TensorType("f32", (3,)),), (), ("x",))),
+    ]
+    for m in bad:
+        with pytest.raises(eqsat.VerifyError):
+            eqsat.verify(m)
+    good = eqsat.verify(eqsat.Module(scaled, name="my_model.v2"))
+    assert eqsat.parse(str(good)) == good
+
+
+@pytest.mark.parametrize("text, at", [
+    ("func @f(%x: f32[4]) -> f32[4] {\n  %a = add %x,\n        %q : f32[4]\n  return %a\n}", (3, 9)),
+    ("func @f(%x: f32[4]) -> f32[] {\n  %a = sum %x,\n     axes=[3] : f32[]\n  return %a\n}", (3, 6)),
+    ("func @f(%x: f32[4]) -> f32[4] {\n  %a = neg %x : f32[4]\n  return\n    %q\n}", (4, 5)),
+    ("func @f(%x: f32[4]) -> f32[4] {\n  %a = add %x, %x :f32[5]\n  return %a\n}", (2, 20)),
+    ("func @f(%x: f32[4]) -> f32[4] {\n  %a = add %x, %x :\n     f32[5]\n  return %a\n}", (3, 6)),
+    ("func @f(%x: f32[4]) -> f32[4] {\n  return %x\n}\nfunc @h = grad @f wrt\n  %y\n", (5, 3)),
+])
+def test_verify_errors_point_at_parts_on_other_lines(text, at):
+    # the format is free-form: a statement's parts may sit on later lines or after any spacing
+    with pytest.raises(VerifyError) as e:
+        eqsat.parse(text)
+    assert (e.value.line, e.value.col) == at

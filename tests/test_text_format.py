@@ -118,3 +118,13 @@ def test_non_contiguous_inputs_accepted():
     m = eqsat.parse("func @f(%x: f32[3,2]) -> f32[3,2] {\n  %y = exp %x : f32[3,2]\n  return %y\n}\n")
     x = np.arange(6, dtype=np.float32).reshape(2, 3).T
     np.testing.assert_allclose(eqsat.interpret(m, "f", x), np.exp(x), rtol=1e-6)
+
+
+def test_integer_literal_too_large_for_a_float_is_a_parse_error():
+    text = "func @f() -> f32[] {\n  %c = const " + "9" * 309 + " : f32[]\n  return %c\n}\n"
+    try:
+        eqsat.parse(text)
+    except eqsat.ParseError as e:
+        assert (e.line, e.col) == (2, 14) and "too large" in str(e)
+    else:
+        raise AssertionError("no error")

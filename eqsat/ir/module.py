@@ -19,17 +19,21 @@ GRAD_KINDS = ("grad", "value_and_grad", "vjp")
 _NAN = float("nan")
 
 
+Where = Union[int, tuple[int, int]]  # a column on the statement's line, or (line, column)
+
+
 @dataclass(frozen=True, slots=True)
 class Loc:
-    """Where something was written: 1-based line and column, and columns of its parts."""
+    """Where something was written: 1-based line and column, and where its parts are (a column
+    on that line, or a (line, column) pair as the parser records them)."""
 
     line: int
     col: int
-    operand_cols: tuple[int, ...] = ()
-    attr_cols: tuple[tuple[str, int], ...] = ()
-    type_col: int = 0
+    operand_cols: tuple[Where, ...] = ()
+    attr_cols: tuple[tuple[str, Where], ...] = ()
+    type_col: Where = 0
 
-    def attr_col(self, name: str) -> int:
+    def attr_col(self, name: str) -> Where:
         return dict(self.attr_cols).get(name, self.col)
 
 

@@ -43,6 +43,12 @@ class Token:
         return "end of input" if self.kind == "eof" else repr(self.text)
 
 
+def _at(tok: Token) -> tuple[int, int]:
+    """Where a part of a statement is: (line, col); a statement may span lines, so the
+    verifier locates its parts by both (see verifier._Checker.fail)."""
+    return (tok.line, tok.col)
+
+
 def _shown(ch: str) -> str:
     return repr(ch) if ch.isprintable() else f"{ch!r} (U+{ord(ch):04X})"
 
@@ -69,6 +75,9 @@ def tokenize(text: str, source: str | None = None) -> list[Token]:
             line += 1
             line_start = m.end()
         elif kind not in ("ws", "comment"):
+            if kind == "arg" and len(m.group()) > _MAX_NUMBER_LEN:  # int() refuses 4300 digits
+                raise ParseError(f"{m.group()[:20]}... with {len(m.group())} characters is too "
+                                 f"long", line, pos - line_start + 1, source)
             tokens.append(Token(kind, m.group(), line, pos - line_start + 1))
         pos = m.end()
     tokens.append(Token("eof", "", line, pos - line_start + 1))
@@ -165,7 +174,7 @@ class _Parser:
         self.punct("}", "'}' to close the function body after 'return'")
         return Function(name, tuple(params), results, tuple(body),
                         tuple(t.text[1:] for t in returns), loc,
-                        Loc(ret.line, ret.col, tuple(t.col for t in returns)))
+                        Loc(ret.line, ret.col, tuple(_at(t) for t in returns)))
 
     def grad_decl(self, name: str, loc: Loc) -> GradDecl:
         kind = self.expect("ident", what=f"a gradient kind ({', '.join(GRAD_KINDS)})")
@@ -176,7 +185,7 @@ class _Parser:
         self.expect("ident", "wrt", f"'wrt' and the parameters to differentiate @{of.text[1:]} by")
         wrt = self.pnames("a parameter %name after 'wrt'")
         return GradDecl(name, kind.text, of.text[1:], tuple(t.text[1:] for t in wrt), loc,
-                        tuple(t.col for t in wrt), of.col)
+                        tuple(_at(t) for t in wrt), _at(of))
 
     def pnames(self, what: str) -> list[Token]:
         toks = [self.expect("pname", what=what)]
@@ -251,17 +260,17 @@ class _Parser:
             raise self.error(f"unknown op {op_tok.text!r}{hint}", op_tok)
         operands: list[Token] = []
         attrs: dict[str, Any] = {}
-        attr_cols: dict[str, int] = {}
+        attr_cols: dict[str, tuple[int, int]] = {}
         if opdef.name == "call":
             callee = self.expect("fname", what="the called @function")
-            attrs["callee"], attr_cols["callee"] = callee.text[1:], callee.col
+            attrs["callee"], attr_cols["callee"] = callee.text[1:], _at(callee)
             self.punct("(", "'(' and the call's arguments")
             if not self.at("punct", ")"):
                 operands = self.pnames("an argument %name")
             self.punct(")", "')' or ',' in the call's arguments")
         elif opdef.name == "const":
-            value, tok = self.literal()
-            attrs["value"], attr_cols["value"] = value, tok.col
+            value, lit_tok = self.literal()
+            attrs["value"], attr_cols["value"] = value, _at(lit_tok)
         elif not self.at("punct", ":"):
             kinds = dict(opdef.attrs)
             while True:
@@ -278,7 +287,7 @@ class _Parser:
                     if key.text in attrs:
                         raise self.error(f"attribute {key.text!r} is given twice", key)
                     self.punct("=", f"'=' after attribute {key.text!r}")
-                    attr_cols[key.text] = key.col
+                    attr_cols[key.text] = _at(key)
                     attrs[key.text] = self.attr_value(kinds[key.text], key.text)
                 else:
                     raise self.error(f"expected an operand %name or an attribute, found "
@@ -286,15 +295,20 @@ class _Parser:
                 if not self.accept("punct", ","):
                     break
         attrs = {k: attrs[k] for k, _ in opdef.attrs if k in attrs}  # canonical order
-        type_tok = self.punct(":", "':' and the result type (it is always written)")
+        self.punct(":", "':' and the result type (it is always written)")
+        type_at = _at(self.tok)
         types = [self.type()]
         while self.accept("punct", ","):
             types.append(self.type())
         value = attrs.get("value")
         if opdef.name == "const" and type(value) is int and types[0].dtype.is_float:
-            attrs["value"] = float(value)  # `const 3 : f32[]` means 3.0, as np.full would
-        loc = Loc(first.line, first.col, tuple(t.col for t in operands),
-                  tuple(attr_cols.items()), type_tok.col + 2)
+            try:
+                attrs["value"] = float(value)  # `const 3 : f32[]` means 3.0, as np.full would
+            except OverflowError:
+                raise self.error(f"the integer {value} is too large for {types[0].dtype}",
+                                 lit_tok) from None
+        loc = Loc(first.line, first.col, tuple(_at(t) for t in operands),
+                  tuple(attr_cols.items()), type_at)
         return Stmt(tuple(t.text[1:] for t in results), opdef.name,
                     tuple(t.text[1:] for t in operands), tuple(attrs.items()), tuple(types), loc)
 

@@ -6,12 +6,16 @@ Python has no source positions; its errors are located in its canonical printed 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..errors import ParseError, VerifyError
-from .module import Function, GradDecl, Item, Loc, Module, Param, Stmt
+from .module import GRAD_KINDS, Function, GradDecl, Item, Loc, Module, Param, Stmt
 from .ops import CALLEE, INT, INTS, LITERAL, OPS, OpTypeError
-from .types import TensorType, shape_problem
+from .types import DType, TensorType, shape_problem
+
+# What the text format can hold after a sigil (the parser's %name and @name tokens).
+_NAME = re.compile(r"[A-Za-z0-9_.]+\Z")
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,11 @@ def _relocate(module: Module, original: VerifyError) -> VerifyError:
     from .printer import print_module
 
     try:
-        located = parse_module(print_module(module), source="<printed module>")
+        text = print_module(module)
+    except (TypeError, AttributeError, ValueError):  # parts that have no text at all
+        return original
+    try:
+        located = parse_module(text, source="<printed module>")
         _Checker(located).run()
     except VerifyError as e:
         return VerifyError(e.message, e.line, e.col, "<printed module>")
@@ -101,8 +109,13 @@ class _Checker:
         self.items: dict[str, Item] = {}
         self.sigs: dict[str, Signature] = {}
 
-    def fail(self, message: str, loc: Loc | None, col: int | None = None) -> VerifyError:
+    def fail(self, message: str, loc: Loc | None, col: int | tuple[int, int] | None = None
+             ) -> VerifyError:
+        """A located error: at `col` of the statement's line, or at `col` = (line, col), as the
+        parser records the parts of a statement (which may span lines)."""
         line = loc.line if loc else 0
+        if isinstance(col, tuple):
+            line, col = col
         return VerifyError(message, line, col if col is not None else (loc.col if loc else 0))
 
     def run(self) -> None:
@@ -113,7 +126,38 @@ class _Checker:
 
     # ---------------------------------------------------------------- module level
 
+    def check_name(self, name: object, what: str, loc: Loc | None) -> None:
+        """A name the text format can print and read back (`%` or `@` and [A-Za-z0-9_.]+)."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise self.fail(f"{what} {name!r} is not a valid name (names are letters, digits, "
+                            f"'_' and '.')", loc)
+
+    def check_names(self) -> None:
+        """Every name and kind of a module built in Python is one its printed text can hold."""
+        self.check_name(self.module.name, "the module name", None)
+        for item in self.module.items:
+            if not isinstance(item, (Function, GradDecl)):
+                raise self.fail(f"a module holds Functions and GradDecls, not "
+                                f"{type(item).__name__}", None)
+            self.check_name(item.name, "the function name", item.loc)
+            if isinstance(item, GradDecl):
+                if item.kind not in GRAD_KINDS:
+                    raise self.fail(f"unknown gradient kind {item.kind!r}; expected one of "
+                                    f"{', '.join(GRAD_KINDS)}", item.loc)
+                self.check_name(item.of, "the differentiated function", item.loc)
+                for w in item.wrt:
+                    self.check_name(w, "the parameter", item.loc)
+                continue
+            for p in item.params:
+                self.check_name(p.name, "the parameter", p.loc)
+            for st in item.body:
+                for r in (*st.results, *st.operands):
+                    self.check_name(r, "the value", st.loc)
+            for r in item.returns:
+                self.check_name(r, "the returned value", item.return_loc or item.loc)
+
     def check_items(self) -> None:
+        self.check_names()
         for item in self.module.items:
             if item.name in self.items:
                 first = self.items[item.name].loc
@@ -204,8 +248,12 @@ class _Checker:
         return Signature(f.params, f.result_types)
 
     def check_type(self, t: TensorType, loc: Loc | None, col: int | None = None) -> None:
-        if not isinstance(t, TensorType):
-            raise self.fail(f"expected a tensor type, got {t!r}", loc, col)
+        if (not isinstance(t, TensorType) or not isinstance(t.dtype, DType)
+                or not isinstance(t.shape, tuple)
+                or not all(type(d) is int for d in t.shape)):
+            shown = (f"TensorType({t.dtype!r}, {t.shape!r})" if isinstance(t, TensorType)
+                     else repr(t))
+            raise self.fail(f"expected a tensor type, got {shown}", loc, col)
         problem = shape_problem(t.shape)
         if problem:
             raise self.fail(problem, loc, col)
