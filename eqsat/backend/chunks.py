@@ -29,6 +29,10 @@ VOIDP = I8.as_pointer()
 CHUNK_BYTES = 1 << 14
 # Groups never chunk finer than this many outer iterations in all (too little work per call).
 MIN_EXTENT = 16
+# Kernels in one group, at most: LLVM inlines every member into the group's function, and its
+# pipeline takes time superlinear in a function's size (a chain of 200 small maps in one group
+# cost 2.9 s of optimization). The benchmark workloads' largest group has 8.
+MAX_MEMBERS = 16
 
 Buffer = tuple[str, int, int]  # (kind, offset or index, bytes): where a root value lives
 
@@ -71,7 +75,7 @@ def try_join(group: Group, m: Member, where: Callable[[str], Buffer]) -> bool:
         group.produced = {m.values[0]: k.blocks[0] * m.itemsizes[0]}
         return True
     extent = math.gcd(group.extent, k.extent)
-    if extent < MIN_EXTENT or k.blocks[0] is None:
+    if extent < MIN_EXTENT or k.blocks[0] is None or len(group.members) >= MAX_MEMBERS:
         return False
     # Bytes per group row of every buffer already produced, at the (maybe coarser) new rows.
     scale = group.extent // extent

@@ -38,6 +38,11 @@ KEEP_SMALL = 1 << 18
 # against 0.90-0.98 streamed; 3072 rows 0.59 / 0.74; only with two results kept alive did
 # streaming win (0.96 against 1.03 ms).
 STREAM_MIN = 32 << 20
+# An entry calling more kernels than this keeps them out of line: LLVM would inline each
+# (internal, called once) into the entry, and its pipeline takes time superlinear in one
+# function's size (a chain of 400 small maps: 12 s, 100 ms per kernel). A call costs
+# nanoseconds beside a kernel's work.
+MAX_INLINED_KERNELS = 32
 VOIDP = I8.as_pointer()
 ENTRY_TYPE = ir.FunctionType(ir.VoidType(), [VOIDP.as_pointer(), VOIDP.as_pointer(), VOIDP])
 
@@ -279,6 +284,8 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
             kind, k = plan.where[v]
             return kind, k, types[v].nbytes
 
+        called: list[ir.Function] = []
+
         def flush() -> None:
             nonlocal group
             done, group = group, Group()
@@ -287,9 +294,11 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                 args = [b.bitcast(get(v), t)
                         for v, t in zip(m.values, m.kernel.fn.function_type.args[2:])]
                 emit_kernel_call(b, m.kernel, args)
+                called.append(m.kernel.fn)
             elif done.members:
                 kernel, values = group_kernel(kb, done)
                 emit_kernel_call(b, kernel, [get(v) for v in values])
+                called.append(kernel.fn)
 
         for idx in plan.live:
             s = plan.func.body[idx]
@@ -337,6 +346,9 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                     group.members.append(m)  # runs alone
                     flush()
         flush()
+        if len(called) > MAX_INLINED_KERNELS:
+            for k in called:
+                k.attributes.add("noinline")
         if blas.calls_gemm(llmod):
             _one_blas_thread(fn, b, blas.declare_threads(llmod))
         for k, v in plan.copies:

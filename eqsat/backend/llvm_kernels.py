@@ -64,6 +64,9 @@ class KernelBuilder:
         # function: nobody here reads it again, so its stores bypass the caches
         # (see loops.streamed_nest).
         self.stream = False
+        # Kernels built, by what determines their code: a statement repeated on the same types
+        # (a forward value recomputed by the gradient, a long chain of one op) is built once.
+        self.built: dict[tuple, Kernel] = {}
 
     def function(self, name: str, outs: Sequence[DType], ins: Sequence[DType]
                  ) -> tuple[ir.Function, ir.IRBuilder, ir.Value, ir.Value, list[ir.Value],
@@ -339,4 +342,8 @@ def build_kernel(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kerne
     if builder is None:
         raise LoweringError(f"the CPU backend cannot lower op {s.op!r} "
                             f"(%{', %'.join(s.results)} = {s.op} ...: no kernel for it)")
-    return builder(kb, s, ins)
+    # repr keeps -0.0 apart from 0.0 and nan equal to nan
+    key = (s.op, repr(s.attrs), s.types, tuple(ins), kb.stream, kb.blas_threads)
+    if key not in kb.built:
+        kb.built[key] = builder(kb, s, ins)
+    return kb.built[key]
