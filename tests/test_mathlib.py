@@ -221,6 +221,16 @@ def test_f32_exhaustively_where_exp_overflows_or_underflows(name: str) -> None:
     assert ulp_distance(ours, truth).max() <= MAX_ULP_TRUE
 
 
+@pytest.mark.parametrize("name", ["sin", "cos"])
+def test_trig_f32_exhaustively_where_cody_waite_meets_payne_hanek(name: str) -> None:
+    """Every f32 in [2^11, 2^13): the f32 quadrant rint(x 2/pi) must leave |r| inside the
+    polynomials' range (with the switch at 2^12, x in [3217, 4096) next to odd multiples of
+    pi/4 had r clamped: sin(3277.4668) was off by 700 ulp)."""
+    x = _floats_between("float32", 2.0**11, 2.0**13)
+    ours = kernel(name, "float32")(x)
+    assert ulp_distance(ours, true_value(name, x)).max() <= MAX_ULP_TRUE
+
+
 def test_tanh_f32_near_zero() -> None:
     """Where tanh's two formulas meet and where m = expm1(2|x|) changes its reduction: every
     97th float of [2^-30, 1], all of [1/16, 1/16 + 2^-12) and of [0.17, 0.18) (n = 0 to 1),

@@ -32,7 +32,9 @@ from eqsat.backend.mathlib_emit import Emit, Value
 NAN = float("nan")
 INF = float("inf")
 # float bits -> |x| below which the Cody-Waite reduction is used
-SMALL_LIMIT = {32: 2.0**12, 64: 2.0**30}
+# f32: below 2^11, so that x 2/pi < 2^10 rounds finely enough for |r| to stay under _R_MAX
+# (from 2^11 on, rint of the f32 product can leave |r| up to ~pi/4 + 3e-4: clamped, wrong)
+SMALL_LIMIT = {32: 2.0**11, 64: 2.0**30}
 _R_MAX = 0.7856  # pi/4 plus the slack of rounding n; the polynomials are fitted this far
 
 
@@ -97,7 +99,7 @@ def _chunks(e: Emit, ax: Value) -> tuple[list[Value], Value]:
 # [_E_LO, 254]; a 96-bit window of 2/pi starting at bit E - 151 (bit j weighs 2^-j) gives
 # x 2/pi mod 4 in 2.62 fixed point. The windows of all those E lie in _F32_WORDS words of 2/pi
 # (starting at bit _E_LO - 151, leading bits zero), picked by selects over buckets of 32 E.
-_E_LO = 127 + 12  # SMALL_LIMIT[32] = 2^12
+_E_LO = 127 + 11  # SMALL_LIMIT[32] = 2^11
 _F32_WORDS = 7  # 4 buckets of 32 exponents (a <= 116), each needing 4 words
 
 
