@@ -446,3 +446,22 @@ def test_matmuls_match_numpy_and_unfused(a_shape, b_shape, ta, tb, extras, dtype
         hand = np.where(es[0] > 0, np.maximum(want + es[1], 0), want)
     np.testing.assert_allclose(q, hand, rtol=tol, atol=tol)
     assert math.isfinite(float(np.abs(q).sum()))
+
+
+@pytest.mark.parametrize("body,rtype,extra", [
+    ("gt($0, 0.0)", "bool", ""),
+    ("select(lt($0, 0.0), $1, $1)", "i32", ", %e"),
+])
+def test_matmul_epi_whose_body_changes_the_dtype_compiles(body, rtype, extra):
+    """A matmul_epi with a bool (or other-dtype) body verifies and interprets; the CPU backend
+    crashed in llvmlite ("Operands must be the same type") finishing the product in place."""
+    m = eqsat.parse(f"""func @f(%a: f32[5,3], %b: f32[3,4], %e: i32[4]) -> {rtype}[5,4] {{
+  %d = matmul_epi %a, %b{extra}, ta=0, tb=0, body={body} : {rtype}[5,4]
+  return %d
+}}""")
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((5, 3)).astype(np.float32),
+            rng.standard_normal((3, 4)).astype(np.float32), np.arange(4, dtype=np.int32)]
+    want = eqsat.interpret(m, "f", *args)
+    np.testing.assert_array_equal(eqsat.compile(m, optimize=False)("f", *args), want)
+    np.testing.assert_array_equal(eqsat.compile(m)("f", *args), want)

@@ -30,12 +30,37 @@ _memory: dict[str, tuple[jit.Code, dict[str, Any]]] = {}
 _lock = threading.Lock()
 
 
+def _retyping_epilogues_expanded(module: Module) -> Module:
+    """The module with every `matmul_epi` whose body changes the dtype (`gt($0, 0.0)` on a
+    float product: a bool result) expanded into core ops: the matmul kernels finish the product
+    in the result's buffer, so they need the body to keep the product's dtype."""
+    from dataclasses import replace
+
+    from ..ir.fused import unfuse
+    from ..ir.module import Function
+
+    def retypes(s: Any, types: dict) -> bool:
+        return s.op == "matmul_epi" and s.type.dtype != types[s.operands[0]].dtype
+
+    def expand(f: Function) -> Function:
+        types = f.types()
+        if not any(retypes(s, types) for s in f.body):
+            return f
+        taken = set(types)
+        body = [t for s in f.body for t in (unfuse(s, types, taken) if retypes(s, types)
+                                            else [s])]
+        return replace(f, body=tuple(body))
+
+    return module.replace([expand(it) if isinstance(it, Function) else it for it in module.items])
+
+
 def lower(module: Module) -> tuple[str, dict[str, Plan]]:
     """The LLVM IR text (before optimization) and the buffer plans of a verified module."""
     from llvmlite import ir
 
     from .entry import emit_module, plan_module
 
+    module = _retyping_epilogues_expanded(module)
     plans = plan_module(module)
     llmod = ir.Module(name=module.name)
     llmod.triple = jit.host()[0]

@@ -229,8 +229,10 @@ def _matmul_t(enc: Encoding) -> list[str]:
             k = f"(vec-get sb (- n {2 if tb else 1}))"
             rules.append(_rule(enc, f"{base} (= a_ta {ta}) (= a_tb {tb})",
                                f"(set (shape t) (vec-set (vec-set sa (- n 2) {m}) (- n 1) {k}))"))
-    # a matmul_epi's body computes the product's dtype (fusion only builds such epilogues)
-    rules.append(_rule(enc, _product_facts(enc) + " (= d (dtype x0))", "(set (dtype t) d)"))
+    # matmul_t computes the product's dtype; a matmul_epi's body may change it (a compare gives
+    # bool: fused.py's type rule), so its dtype is the one loaded or unioned with, never derived
+    if enc.op == "matmul_t":
+        rules.append(_rule(enc, " (= d (dtype x0))", "(set (dtype t) d)"))
     return rules
 
 
