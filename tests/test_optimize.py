@@ -489,3 +489,22 @@ func @f(%x: f32[8]) -> f32[8] {
   return %a
 }
 """)), "f")["add"] == 0  # x + (-0.0) is x exactly
+
+
+def test_negated_sum_keeps_the_sign_of_an_exact_zero():
+    """-x + -y is +0.0 where y = -x; neg_add rewrote it to -(x + y), which is -0.0, so a
+    reciprocal after it gave -inf where numpy gives +inf."""
+    import numpy as np
+
+    import eqsat
+    m = eqsat.parse("""func @f(%x: f32[3], %y: f32[3]) -> f32[3] {
+  %a = neg %x : f32[3]
+  %b = neg %y : f32[3]
+  %s = add %a, %b : f32[3]
+  %r = recip %s : f32[3]
+  return %r
+}""")
+    x = np.array([1.0, 2.5, 0.0], np.float32)
+    want = eqsat.interpret(m, "f", x, -x)
+    np.testing.assert_array_equal(eqsat.interpret(eqsat.optimize(m), "f", x, -x), want)
+    np.testing.assert_array_equal(eqsat.compile(m)("f", x, -x), want)

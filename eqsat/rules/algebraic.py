@@ -49,7 +49,7 @@ DISTRIBUTIVITY = """
 rule factor_mul_add: add(mul(?a, ?b), mul(?a, ?c)) => mul(?a, add(?b, ?c))
 rule factor_mul_sub: sub(mul(?a, ?b), mul(?a, ?c)) => mul(?a, sub(?b, ?c))
 rule factor_add_mul: add(mul(?b, ?a), mul(?c, ?a)) => mul(add(?b, ?c), ?a)
-rule neg_add: add(neg(?x), neg(?y)) => neg(add(?x, ?y))
+rule neg_add: add(neg(?x), neg(?y)) => sub(neg(?x), ?y)
 rule matmul_factor_left: add(matmul(?a, ?b), matmul(?a, ?c)) => matmul(?a, add(?b, ?c))
 rule matmul_factor_right: add(matmul(?a, ?c), matmul(?b, ?c)) => matmul(add(?a, ?b), ?c)
 """
