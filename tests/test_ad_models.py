@@ -222,3 +222,34 @@ func @f(%a: f64[4,5], %b: f64[]) -> f64[4,5] {
 }
 func @g = vjp @f wrt %a, %b
 """, trials=20, seed=1)
+
+
+def test_optimized_max_gradient_survives_a_recomputed_operand():
+    # The forward max reads a * recip(exp(b)), the backward mask recomputes a / exp(b): with an
+    # exact test of "at the max" a row whose recomputed maximum rounded below lost its gradient.
+    _compiled_matches_interpreted("""
+func @f(%a: f64[4,5], %b: f64[]) -> f64[4] {
+  %bb = broadcast %b : f64[4,5]
+  %e = exp %bb : f64[4,5]
+  %q = div %a, %e : f64[4,5]
+  %m = max %q, axes=[1] : f64[4]
+  %n = sin %m : f64[4]
+  return %n
+}
+func @g = vjp @f wrt %a, %b
+""", trials=20, seed=1)
+
+
+def test_max_gradient_at_ties_infinities_and_nan():
+    import eqsat
+
+    m = eqsat.parse("func @f(%x: f32[2,3]) -> f32[2] {\n  %m = max %x, axes=[1] : f32[2]\n"
+                    "  return %m\n}\nfunc @g = vjp @f wrt %x\n")
+    x = np.array([[np.inf, 1.0, np.inf], [2.0, 2.0 * (1 - 2.0 ** -20), np.nan]], np.float32)
+    want = np.array([[0.5, 0.0, 0.5], [0.0, 0.0, 0.0]], np.float32)
+    for got in (eqsat.interpret(m, "g", x, np.ones(2, np.float32)),
+                eqsat.compile(m)("g", x, np.ones(2, np.float32))):
+        np.testing.assert_array_equal(got, want)
+    y = np.array([[3.0, 1.0, 2.0], [-1.0, 5.0, 5.0]], np.float32)
+    np.testing.assert_array_equal(eqsat.interpret(m, "g", y, np.ones(2, np.float32)),
+                                  [[1.0, 0.0, 0.0], [0.0, 0.5, 0.5]])

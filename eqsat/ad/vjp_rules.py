@@ -109,16 +109,23 @@ def _select(b: Builder, s: Stmt, g: str) -> Contribs:
 
 
 def _reduce_extremum(b: Builder, s: Stmt, g: str) -> Contribs:
-    # Every element equal to the max (min) shares g equally.
+    # The elements at the max (min) share g equally. "At" allows a few ulp: the optimizer may
+    # recompute `x` here by a formula that rounds differently from the one `out` came from
+    # (div_bcast_recip turns x / s into x * (1/s) in one kernel and not in another), and an
+    # exact test then finds no element at all, so the row would lose its gradient. Elements
+    # within those ulp of each other are ties in every other sense too (below any finite
+    # difference's resolution).
     (x,), out, axes = s.operands, s.results[0], s.attr["axes"]
     t = b.types[x]
-    # x >= max(x) (x <= min(x)) holds exactly where x == max(x); written as ge/le so that an
-    # `x` the optimizer recomputes here by a formula rounding one ulp above `out` still counts.
-    hit = b.mask(b.emit("ge" if s.op == "max" else "le", x, b.expand(out, axes, t)), x)
-    # At least one element equals the max, but the optimizer may recompute `x` here by a
-    # formula that rounds below the one `out` came from, and find none: divide by
-    # max(count, 1) so such a row gets no gradient rather than g / 0 = inf (NaN everywhere
-    # after). Where the max only stabilizes (softmax, logsumexp) its adjoint is ~0 anyway.
+    bound = out
+    if t.dtype.is_float:
+        ulps = 4.0 * 2.0 ** -(23 if t.dtype.itemsize == 4 else 52)
+        slack = b.mul(b.emit("abs", out), b.const(ulps, out))
+        bound = b.sub(out, slack) if s.op == "max" else b.add(out, slack)
+        bound = b.select(b.emit("ne", bound, bound), out, bound)  # inf - inf: the bound is inf
+    hit = b.mask(b.emit("ge" if s.op == "max" else "le", x, b.expand(bound, axes, t)), x)
+    # Divided by max(count, 1): a row with no element at its max (NaN) gets no gradient
+    # rather than g / 0 = inf, NaN everywhere after.
     count = b.emit("sum", hit, axes=axes)
     share = b.div(g, b.emit("maximum", count, b.const(1.0, count)))
     return (b.mul(b.expand(share, axes, t), hit),)
