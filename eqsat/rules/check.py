@@ -57,12 +57,13 @@ class _Instance:
     def __init__(self, rule: Rule, rng: random.Random):
         self.rule, self.rng = rule, rng
         self.sorts: dict[str, str] = rule.__dict__["sorts"]
-        self.rank = rng.choice((0, 1, 2, 2, 3))
+        self.rank = rng.choice((0, 1, 2, 2, 3, 4))
         self.types: dict[str, TensorType] = {}
         self.attrs: dict[str, Any] = {}
         self.values: dict[str, float] = {}
         self.shapes: list[tuple[int, ...]] = []
         self.dtype = rng.choice((DType.f32, DType.f32, DType.f64))
+        self.int_dtype = rng.choice((DType.i32, DType.i64))
         self.body: list[Stmt] = []
         self.env: dict[str, str] = {}
 
@@ -79,9 +80,10 @@ class _Instance:
             if kinds == {"bool"}:
                 dt = DType.bool
             elif "float" in kinds:
-                dt = self.dtype if self.rng.random() < 0.9 or "int" not in kinds else DType.i32
+                dt = (self.dtype if self.rng.random() < 0.8 or "int" not in kinds
+                      else self.int_dtype)
             else:
-                dt = DType.i32
+                dt = self.int_dtype
             self.types[v.name] = TensorType(dt, self.shape())
         return self.types[v.name]
 
@@ -220,7 +222,7 @@ class _Instance:
         if dtype is None:
             if p.op == "const":
                 v = a["value"]
-                dtype = DType.i32 if isinstance(v, Num) and isinstance(v.value, int) else self.dtype
+                dtype = self.int_dtype if isinstance(v, Num) and isinstance(v.value, int) else self.dtype
             else:
                 dtype = x.dtype if p.op != "cast" else self.dtype
         if shape is None:
@@ -301,7 +303,12 @@ def _array(rng: random.Random, t: TensorType) -> np.ndarray:
     if t.dtype is DType.bool:
         data = [rng.random() < 0.5 for _ in range(n)]
     elif t.dtype.is_int:
-        data = [rng.randint(-5, 5) for _ in range(n)]
+        # small values, or now and then any of the dtype's (integer arithmetic wraps around:
+        # `div(mul(?x, 2), 2) => ?x` is unsound where x * 2 overflows)
+        info = np.iinfo(t.dtype.np)
+        wide = rng.random() < 0.3
+        data = [rng.randint(int(info.min), int(info.max)) if wide else rng.randint(-5, 5)
+                for _ in range(n)]
     else:
         data = [_draw_value(rng) for _ in range(n)]
     return np.array(data, dtype=t.dtype.np).reshape(t.shape)
