@@ -202,6 +202,70 @@ def test_calls_are_inlined_and_reshapes_are_views():
     assert [ln.kernel.name for ln in plan.launches] == ["k1_neg"]
 
 
+def test_inlined_call_values_keep_their_own_buffers():
+    # A caller's %g1.y was the name inlining gave call @g's %y: one buffer for both values.
+    m = one("""func @g(%x: f32[8]) -> f32[8] {
+  %y = neg %x : f32[8]
+  return %y
+}
+func @f(%x: f32[8]) -> f32[8] {
+  %g1.y = exp %x : f32[8]
+  %a = call @g(%x) : f32[8]
+  %b = add %a, %g1.y : f32[8]
+  return %b
+}""")
+    plan = cuda.build(m).plans["f"]
+    written = [ln.values[0] for ln in plan.launches]
+    assert len(set(written)) == 3
+    add = plan.launches[-1]
+    assert add.values[1] != add.values[2]
+    assert plan.where[add.values[1]] != plan.where[add.values[2]]
+
+
+def test_long_concat_is_split_across_kernels(tmp_path):
+    # 1000 operands in one kernel were 8008 bytes of parameters; PTX 8.0 allows 4352.
+    n = 1000
+    ps = ", ".join(f"%x{i}: f32[2]" for i in range(n))
+    ops = ", ".join(f"%x{i}" for i in range(n))
+    m = one(f"func @f({ps}) -> f32[{2 * n}] {{\n  %y = concat {ops}, axis=0 : f32[{2 * n}]\n"
+            f"  return %y\n}}")
+    prog = cuda.build(m)
+    launches = prog.plans["f"].launches
+    assert len(launches) > 1
+    assert [v for ln in launches for v in ln.values[1:]] == [f"x{i}" for i in range(n)]
+    assert all(ln.values[0] == "y" for ln in launches)
+    assemble(prog.ptx, tmp_path)
+
+
+def test_matmul_grid_past_65535_batches_or_row_tiles(tmp_path):
+    m = one("""func @f(%a: f32[70000,2,3], %b: f32[70000,3,2], %c: f32[4200000,1], %d: f32[1,3])
+        -> (f32[70000,2,2], f32[4200000,3]) {
+  %y = matmul %a, %b : f32[70000,2,2]
+  %z = matmul %c, %d : f32[4200000,3]
+  return %y, %z
+}""")
+    prog = cuda.build(m)
+    grids = [ln.kernel.grid for ln in prog.plans["f"].launches]
+    assert all(g[1] <= 65535 and g[2] <= 65535 for g in grids)
+    assemble(prog.ptx, tmp_path)
+
+
+def test_axes_past_2_to_32_keep_64_bit_bounds():
+    # A bound of 2^32 + 4 was truncated to 32 bits: the kernels covered 4 columns.
+    n = 2**32 + 4
+    m = one(f"""func @f(%a: f32[1,1], %b: f32[1,{n}], %x: bool[2,{n}])
+        -> (f32[1,{n}], bool[{n},2]) {{
+  %y = matmul %a, %b : f32[1,{n}]
+  %t = transpose %x, perm=[1,0] : bool[{n},2]
+  return %y, %t
+}}""")
+    ptx = cuda.emit_ptx(m)
+    bounds = {int(v) for v in re.findall(r"setp\.[a-z]+\.u(?:32|64)\s+%p\d+, %r\w+, (\d+);", ptx)}
+    assert n in bounds or n - 1 in bounds or 2 * n in bounds or 2 * n - 1 in bounds
+    assert not bounds & {3, 4}
+    assert "setp.lt.u32" not in kernel_text(ptx, "matmul")
+
+
 # ---------------------------------------------------------------- errors
 
 
@@ -214,6 +278,24 @@ def test_gradient_declarations_are_refused():
 def test_bad_arch_is_an_error(arch):
     with pytest.raises(eqsat.Error, match="arch"):
         cuda.emit_ptx(example("mlp"), arch=arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_100", "sm_120", "sm_121"])
+def test_newer_archs_get_their_ptx_version(arch):
+    # PTX 8.0 for sm_100 made LLVM abort the whole process ("PTX version 8.0 does not
+    # support target 'sm_100'"); LLVM runs in this process, so the check runs in another.
+    code = ("from pathlib import Path; import eqsat; from eqsat.backend import cuda; "
+            "m = eqsat.differentiate(eqsat.parse((Path(eqsat.__file__).parent / 'examples' / "
+            f"'mlp.eqir').read_text())); "
+            f"print(cuda.emit_ptx(m, arch={arch!r}).split('.address_size')[0])")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f".target {arch}" in r.stdout
+
+
+def test_unknown_newer_arch_is_an_error():
+    with pytest.raises(eqsat.Error, match="arch"):
+        cuda.emit_ptx(example("mlp"), arch="sm_95")
 
 
 @pytest.mark.skipif(GPU, reason="this machine has a GPU")

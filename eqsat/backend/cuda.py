@@ -68,7 +68,10 @@ def inline_calls(module: Module, func: Function) -> Function:
             callee = funcs[s.attr["callee"]]
             counter[0] += 1
             inner = {p.name: rename[o] for p, o in zip(callee.params, s.operands)}
-            results = expand(callee, inner, f"{prefix}{callee.name}{counter[0]}.")
+            # "/" never appears in an IR name, so an inlined value cannot take the name of one
+            # of the caller's values (a caller's %g1.y and call @g's %y did: one buffer, both
+            # kernels writing it).
+            results = expand(callee, inner, f"{prefix}{callee.name}{counter[0]}/")
             rename.update(zip(s.results, results))
         return [rename[r] for r in f.returns]
 
@@ -109,7 +112,9 @@ def plan_function(module: Module, func: Function, kb: GpuKernelBuilder) -> GpuPl
             if root[r] == r:
                 held[r] = (arena.take(t.nbytes), t.nbytes)
                 plan.where[r] = ("arena", held[r][0])
-        if s.op != "reshape" and s.type.size > 0:
+        if s.op == "concat" and s.type.size > 0:
+            plan.launches.extend(_concat_launches(kb, s, [types[o] for o in s.operands]))
+        elif s.op != "reshape" and s.type.size > 0:
             kernel = build_gpu_kernel(kb, s, [types[o] for o in s.operands])
             plan.launches.append(Launch(kernel, (*s.results, *s.operands)))
         # Freed only after the results are placed, so no kernel writes over its own inputs.
@@ -121,6 +126,22 @@ def plan_function(module: Module, func: Function, kb: GpuKernelBuilder) -> GpuPl
             plan.where[v] = plan.where[r]
     plan.arena_bytes = arena.top
     return plan
+
+
+def _concat_launches(kb: GpuKernelBuilder, s: Stmt, ins: list[TensorType]) -> list[Launch]:
+    """A concat as kernels of at most CONCAT_MAX_INPUTS operands each (a kernel's parameters
+    are limited), every one writing its operands' windows of the one result."""
+    from .nvptx_layout import CONCAT_MAX_INPUTS, concat
+
+    axis, launches, at = s.attr["axis"], [], 0
+    for first in range(0, len(ins), CONCAT_MAX_INPUTS):
+        part = ins[first: first + CONCAT_MAX_INPUTS]
+        if any(t.size for t in part):
+            kernel = concat(kb, s, part, at)
+            launches.append(Launch(kernel, (*s.results,
+                                            *s.operands[first: first + CONCAT_MAX_INPUTS])))
+        at += sum(t.shape[axis] for t in part)
+    return launches
 
 
 def describe(plans: dict[str, GpuPlan]) -> str:

@@ -17,8 +17,8 @@ from llvmlite import ir
 from ..ir.module import Stmt
 from ..ir.types import TensorType
 from .loops import collapse, row_major_strides
-from .nvptx_kernels import (GPU_KERNELS, GpuKernel, GpuKernelBuilder, cint, index_type, load,
-                            offsets, store, widen)
+from .nvptx_kernels import (GPU_KERNELS, I32_LIMIT, GpuKernel, GpuKernelBuilder, cint,
+                            index_type, load, offsets, store, widen)
 from . import nvptx_target as T
 from .nvptx_pointwise import Piece, pointwise, whole
 from .scalar import I32, I64, llvm_type
@@ -44,11 +44,17 @@ def slice_(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> GpuKerne
     return pointwise(kb, "slice", s.type, ins, [whole(s.type, ins, [start], [xs])], _identity)
 
 
-def concat(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> GpuKernel:
-    """Each operand copied into its window of the result, one piece after another."""
+# Operands of one concat kernel: PTX 8.0 allows 4352 bytes of kernel parameters (543
+# pointers beside the output); a longer concat is several kernels, each writing its windows.
+CONCAT_MAX_INPUTS = 256
+
+
+def concat(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType], at: int = 0) -> GpuKernel:
+    """Each operand copied into its window of the result, one piece after another; `at` is
+    where the first operand's window starts along the axis (a part of a longer concat)."""
     out, axis = s.type, s.attr["axis"]
     os_ = row_major_strides(out.shape)
-    pieces, at = [], 0
+    pieces = []
     for k, t in enumerate(ins):
         pieces.append(Piece(t.shape, os_, at * os_[axis], [k], [row_major_strides(t.shape)], [0]))
         at += t.shape[axis]
@@ -65,7 +71,10 @@ def transpose(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> GpuKe
     dims = collapse(out.shape, [row_major_strides(out.shape), in_strides])
     moves_inner = len(dims) >= 2 and dims[-1][1][1] != 1 and out.size > 0
     batch = out.size // (x.shape[-1] * x.shape[perm[-1]]) if moves_inner else 0
-    if not moves_inner or batch > MAX_GRID_YZ or -(-x.shape[perm[-1]] // TILE) > MAX_GRID_YZ:
+    # The tiles index the two moving axes in 32 bits: past I32_LIMIT the strided copy (64-bit
+    # indices) does it (an axis of 2^32 + 4 was bounded by 4).
+    if not moves_inner or batch > MAX_GRID_YZ or -(-x.shape[perm[-1]] // TILE) > MAX_GRID_YZ \
+            or max(x.shape[-1], x.shape[perm[-1]]) + TILE > I32_LIMIT:
         return pointwise(kb, "transpose", out, ins, [whole(out, ins, [0], [in_strides])],
                          _identity)
     return _tiled_transpose(kb, x, perm, out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from llvmlite import ir
@@ -24,9 +25,9 @@ from . import nvptx_target as T
 from .fused_kernels import emit_body
 from .llvm_kernels import broadcast_strides
 from .loops import collapse, counted
-from .nvptx_kernels import (GPU_KERNELS, GpuKernel, GpuKernelBuilder, cint, load, offsets, store,
-                            widen)
-from .scalar import I32, I64, LoweringError, const, intrinsic, llvm_type
+from .nvptx_kernels import (GPU_KERNELS, GpuKernel, GpuKernelBuilder, cint, index_type, load,
+                            offsets, store, widen)
+from .scalar import I64, const, intrinsic, llvm_type
 
 BM = BN = 64
 BK = 16
@@ -44,9 +45,6 @@ def matmul_kernel(kb: GpuKernelBuilder, name: str, out: TensorType, ins: Sequenc
     k = a.shape[-2] if ta else a.shape[-1]
     batch = math.prod(out.shape[:-2])
     tiles_m, tiles_n = -(-m // BM), -(-n // BN)
-    if tiles_m > MAX_GRID_YZ or batch > MAX_GRID_YZ:
-        raise LoweringError(f"{name}: {out} has too many row tiles or batches for one launch "
-                            f"(at most {MAX_GRID_YZ} of each)")
     pdt = a.dtype
     pty = llvm_type(pdt)
     is_float = pdt.is_float
@@ -55,15 +53,24 @@ def matmul_kernel(kb: GpuKernelBuilder, name: str, out: TensorType, ins: Sequenc
     a_stride, b_stride = BM + PAD, BN + PAD
     sa = kb.shared(pty, BK * a_stride)
     sb = kb.shared(pty, BK * b_stride)
-    t = T.tid(b)
-    tx, ty = b.urem(t, cint(I32, TS)), b.udiv(t, cint(I32, TS))
-    row0 = b.mul(T.ctaid(b, "y"), cint(I32, BM))
-    col0 = b.mul(T.ctaid(b, "x"), cint(I32, BN))
-    z = widen(b, T.ctaid(b, "z"), I64)
-    a_base, b_base = b.mul(z, cint(I64, m * k)), b.mul(z, cint(I64, k * n))
+    # 32-bit indices unless a dimension of 2^30 or more needs 64 (a bound of 2^32 + 4 was
+    # truncated to 4 and only 4 columns were computed).
+    ity = index_type(max(m, n, k) + BM)
+    t = widen(b, T.tid(b), ity)
+    tx, ty = b.urem(t, cint(ity, TS)), b.udiv(t, cint(ity, TS))
+    col0 = b.mul(widen(b, T.ctaid(b, "x"), ity), cint(ity, BN))
     zero = const(pty, 0.0 if is_float else 0)
     with b.goto_entry_block():
         acc = [[b.alloca(pty) for _ in range(MICRO)] for _ in range(MICRO)]
+    # Grid y and z hold at most 65535 blocks: the blocks loop over further row tiles and
+    # batches (every thread of a block takes the same trips, so the barriers stay uniform).
+    loops = ExitStack()
+    z = loops.enter_context(counted(b, widen(b, T.ctaid(b, "z"), I64), cint(I64, max(batch, 1)),
+                                    widen(b, T.nctaid(b, "z"), I64), "bz", signed=False))
+    ytile = loops.enter_context(counted(b, widen(b, T.ctaid(b, "y"), ity), cint(ity, tiles_m),
+                                        widen(b, T.nctaid(b, "y"), ity), "by", signed=False))
+    row0 = b.mul(ytile, cint(ity, BM))
+    a_base, b_base = b.mul(z, cint(I64, m * k)), b.mul(z, cint(I64, k * n))
     for row in acc:
         for slot in row:
             b.store(zero, slot)
@@ -74,33 +81,33 @@ def matmul_kernel(kb: GpuKernelBuilder, name: str, out: TensorType, ins: Sequenc
         operand's contiguous axis; elements outside the matrix are zero."""
         per = BK * extent // (TS * TS)
         for q in range(per):
-            e = b.add(t, cint(I32, q * TS * TS))
+            e = b.add(t, cint(ity, q * TS * TS))
             if k_contiguous:
-                idx, kk = b.udiv(e, cint(I32, BK)), b.urem(e, cint(I32, BK))
+                idx, kk = b.udiv(e, cint(ity, BK)), b.urem(e, cint(ity, BK))
             else:
-                kk, idx = b.udiv(e, cint(I32, extent)), b.urem(e, cint(I32, extent))
+                kk, idx = b.udiv(e, cint(ity, extent)), b.urem(e, cint(ity, extent))
             gi, gk = b.add(outer0, idx), b.add(k0, kk)
-            ok = b.and_(b.icmp_unsigned("<", gi, cint(I32, outer_n)),
-                        b.icmp_unsigned("<", gk, cint(I32, k)))
+            ok = b.and_(b.icmp_unsigned("<", gi, cint(ity, outer_n)),
+                        b.icmp_unsigned("<", gk, cint(ity, k)))
             wi, wk = widen(b, gi, I64), widen(b, gk, I64)
             off = b.add(wi, b.mul(wk, cint(I64, outer_n))) if not k_contiguous else \
                 b.add(wk, b.mul(wi, cint(I64, k)))
             off = b.select(ok, b.add(base, off), cint(I64, 0))  # never read past the buffer
             value = b.select(ok, load(b, ptr, off), zero)
-            slot = b.add(b.mul(kk, cint(I32, sstride)), idx)
+            slot = b.add(b.mul(kk, cint(ity, sstride)), idx)
             b.store(value, b.gep(smem, [slot], inbounds=True))
 
     n_tiles = -(-k // BK)
-    with counted(b, cint(I32, 0), cint(I32, n_tiles), cint(I32, 1), "kt", signed=False) as kt:
-        k0 = b.mul(kt, cint(I32, BK))
+    with counted(b, cint(ity, 0), cint(ity, n_tiles), cint(ity, 1), "kt", signed=False) as kt:
+        k0 = b.mul(kt, cint(ity, BK))
         # A is [m, k] (k contiguous) or, transposed, [k, m] (m contiguous); B likewise.
         stage(pa, a_base, sa, a_stride, k0, row0, m, not ta, BM)
         stage(pb, b_base, sb, b_stride, k0, col0, n, tb, BN)
         T.barrier(b)
         for kk in range(BK):
-            av = [b.load(b.gep(sa, [b.add(ty, cint(I32, kk * a_stride + TS * i))],
+            av = [b.load(b.gep(sa, [b.add(ty, cint(ity, kk * a_stride + TS * i))],
                                inbounds=True)) for i in range(MICRO)]
-            bv = [b.load(b.gep(sb, [b.add(tx, cint(I32, kk * b_stride + TS * j))],
+            bv = [b.load(b.gep(sb, [b.add(tx, cint(ity, kk * b_stride + TS * j))],
                                inbounds=True)) for j in range(MICRO)]
             for i in range(MICRO):
                 for j in range(MICRO):
@@ -110,8 +117,10 @@ def matmul_kernel(kb: GpuKernelBuilder, name: str, out: TensorType, ins: Sequenc
                     b.store(new, acc[i][j])
         T.barrier(b)
     _store_tile(b, out, ins, ptrs[2:], c, z, row0, col0, tx, ty, acc, body)
+    loops.close()  # the row-tile loop, then the batch loop
     b.ret_void()
-    return GpuKernel(fn.name, (tiles_n, tiles_m, max(batch, 1)), (TS * TS, 1, 1),
+    grid = (tiles_n, min(tiles_m, MAX_GRID_YZ), min(max(batch, 1), MAX_GRID_YZ))
+    return GpuKernel(fn.name, grid, (TS * TS, 1, 1),
                      f"{name} {out} (k={k}, {BM}x{BN} tiles)")
 
 
@@ -121,6 +130,7 @@ def _store_tile(b: ir.IRBuilder, out: TensorType, ins: Sequence[TensorType],
                 body: Any) -> None:
     """Each thread's 4x4 results (through the epilogue, if any) into C, inside the matrix."""
     m, n = out.shape[-2], out.shape[-1]
+    ity = row0.type
     extras = list(ins[2:])
     used = body_args(body) if body is not None else frozenset()
     strides = [broadcast_strides(t.shape, out.shape) for t in extras]
@@ -132,11 +142,11 @@ def _store_tile(b: ir.IRBuilder, out: TensorType, ins: Sequence[TensorType],
         bases = [cint(I64, 0)] * len(extras)
     c_base = b.mul(z, cint(I64, m * n))
     for i in range(MICRO):
-        row = b.add(row0, b.add(ty, cint(I32, TS * i)))
+        row = b.add(row0, b.add(ty, cint(ity, TS * i)))
         for j in range(MICRO):
-            col = b.add(col0, b.add(tx, cint(I32, TS * j)))
-            ok = b.and_(b.icmp_unsigned("<", row, cint(I32, m)),
-                        b.icmp_unsigned("<", col, cint(I32, n)))
+            col = b.add(col0, b.add(tx, cint(ity, TS * j)))
+            ok = b.and_(b.icmp_unsigned("<", row, cint(ity, m)),
+                        b.icmp_unsigned("<", col, cint(ity, n)))
             with b.if_then(ok):
                 wr, wc = widen(b, row, I64), widen(b, col, I64)
                 value = b.load(acc[i][j])

@@ -34,15 +34,27 @@ def _init() -> None:
     llvm.initialize_all_asmprinters()
 
 
+# The PTX ISA each arch past sm_90 needs (LLVM aborts the process, uncatchably, when the PTX
+# version is older than the target's minimum: "PTX version 8.0 does not support target
+# 'sm_100'").
+_NEWER_PTX = {100: "+ptx86", 101: "+ptx86", 103: "+ptx88", 110: "+ptx90", 120: "+ptx87",
+              121: "+ptx88"}
+
+
 def _ptx_features(arch: str) -> str:
     """The PTX ISA version an arch needs (sm_90 -> PTX 8.0, as the PITFALLS note measured)."""
     try:
-        sm = int(arch.removeprefix("sm_").rstrip("a"))
+        sm = int(arch.removeprefix("sm_").rstrip("af"))
     except ValueError:
         raise Error(f"unknown GPU arch {arch!r}; write it as sm_XY, e.g. sm_90") from None
     if sm < 70:
         raise Error(f"GPU arch {arch} is too old: eqsat needs sm_70 or newer (warp shuffles "
                     f"with masks, independent thread scheduling)")
+    if sm > 90:
+        if sm not in _NEWER_PTX:
+            raise Error(f"unknown GPU arch {arch!r}: eqsat knows sm_70 to sm_90 and "
+                        f"{', '.join(f'sm_{k}' for k in _NEWER_PTX)}")
+        return _NEWER_PTX[sm]
     return "+ptx80" if sm >= 80 else "+ptx70"
 
 
