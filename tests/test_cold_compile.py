@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 
 import eqsat
 from eqsat.backend import cpu, jit
+from eqsat.backend.llvm_kernels import KernelBuilder
 from eqsat.extract import EGraph, dag_cost, extract_ilp
 from eqsat.extract import ilp as ilp_mod
 
@@ -33,9 +35,30 @@ func @b(%x: f32[64,32], %w: f32[32,16], %y: f32[64,16]) -> f32[64,16] {
 """
 
 
-def test_identical_kernels_are_compiled_once():
-    """@b's matmul and relu kernels are @a's: after the merge one body of each is left, both
-    entry points remain, and the module still verifies."""
+def test_identical_statements_share_one_kernel():
+    """@b's matmul and relu are @a's on the same types: the lowering builds each kernel once."""
+    text, _ = cpu.lower(eqsat.parse(TWO_USERS))
+    names = [m.group(1) for m in re.finditer(r"^define internal [^@]*@\"?([\w.]+)", text, re.M)]
+    assert sum("matmul" in n for n in names) == 1 and sum("relu" in n for n in names) == 1
+
+
+class _Forgetful(dict):
+    """A kernel memo that never remembers: every statement builds its own kernel."""
+
+    def get(self, key, default=None):
+        return default
+
+
+def test_identical_kernels_are_compiled_once(monkeypatch):
+    """Kernels built twice (the memo off) are merged: one body of each is left, both entry
+    points remain, and the module still verifies."""
+    init = KernelBuilder.__init__
+
+    def forgetful_init(self, module):
+        init(self, module)
+        self.built = _Forgetful()
+
+    monkeypatch.setattr(KernelBuilder, "__init__", forgetful_init)
     text, _ = cpu.lower(eqsat.parse(TWO_USERS))
     jit._init()
     mod = llvm.parse_assembly(jit.with_function_attributes(text))

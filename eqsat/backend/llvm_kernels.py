@@ -378,6 +378,7 @@ def build_kernel(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kerne
                             f"(%{', %'.join(s.results)} = {s.op} ...: no kernel for it)")
     # repr keeps -0.0 apart from 0.0 and nan equal to nan
     key = (s.op, repr(s.attrs), s.types, tuple(ins), kb.stream, kb.blas_threads)
-    if key not in kb.built:
-        kb.built[key] = builder(kb, s, ins)
-    return kb.built[key]
+    kernel = kb.built.get(key)
+    if kernel is None:
+        kernel = kb.built[key] = builder(kb, s, ins)
+    return kernel
