@@ -65,15 +65,16 @@ def differentiate(module: Module) -> Module:
     return _differentiated(module) if module.grad_decls else verify(module)
 
 
-def interpret(module: Module, name: str, *arrays: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+def interpret(module: Module, name: str, /, *arrays: Any, **named: Any
+              ) -> np.ndarray | tuple[np.ndarray, ...]:
     """Run function `name` of `module` with numpy semantics (the reference for every stage).
 
     One result comes back as an array, several as a tuple. Gradient declarations are expanded
     first, so `interpret(m, "loss_grad", ...)` works on a module as parsed. `name` may be the
-    traced function itself.
+    traced function itself. Arguments may also be passed by parameter name.
     """
     return _interpret(differentiate(_as_module(module, "interpret")), function_name(name),
-                      *arrays)
+                      *arrays, **named)
 
 
 def optimize(module: Module, rules: Any = None, target: str = "cpu", limits: Any = None,

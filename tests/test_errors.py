@@ -141,6 +141,26 @@ def test_interpret_input_errors():
         eqsat.interpret(m, "g", x, x)
 
 
+def test_arguments_by_parameter_name():
+    # as a traced function's own call does, interpret and compiled functions bind keyword
+    # arguments by parameter name; a wrong name is an eqsat error, not Python's TypeError
+    import numpy as np
+
+    m = eqsat.parse(fn("  %a = sub %x, %y : f32[4]\n  return %a"))
+    x, y = np.arange(4, dtype=np.float32), np.ones(4, np.float32)
+    exe = eqsat.compile(m, optimize=False)
+    for call in (lambda **kw: eqsat.interpret(m, "f", **kw), lambda **kw: exe("f", **kw),
+                 lambda **kw: exe.f(**kw)):
+        np.testing.assert_array_equal(call(y=y, x=x), x - y)
+        with pytest.raises(eqsat.InterpretError, match="has no parameter 'z'"):
+            call(x=x, z=y)
+        with pytest.raises(eqsat.InterpretError, match="missing argument"):
+            call(x=x)
+    np.testing.assert_array_equal(exe.f(x, y=y), x - y)
+    with pytest.raises(eqsat.InterpretError, match="two values for parameter 'x'"):
+        exe.f(x, x=x)
+
+
 def test_python_built_module_names_must_be_printable():
     # a module built in Python verifies only with names its text can hold, so that
     # eqsat.parse(str(m)) == m; a bad kind, name or type is a VerifyError, never a TypeError

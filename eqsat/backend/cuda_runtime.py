@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import Error, UnknownFunction
 from ..ir.dsl_function import function_name
-from ..ir.interpreter import check_inputs
+from ..ir.interpreter import bind_arguments, check_inputs
 from ..ir.module import Module
 from .cuda import GpuPlan, PtxProgram
 
@@ -162,13 +162,15 @@ class CudaExecutable:
             buf = self._arenas[name] = DeviceBuffer(plan.arena_bytes)
         return buf.ptr
 
-    def __call__(self, name: str, *arrays: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    def __call__(self, name: str, /, *arrays: Any, **named: Any
+                 ) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run function `name` (or the @eqsat.function itself) on numpy arrays (or device
-        arrays) and return numpy arrays."""
+        arrays), passed in order or by parameter name, and return numpy arrays."""
         name = function_name(name)
         plan = self.program.plans.get(name)
         if plan is None:
             raise UnknownFunction.among("the executable", name, self.program.plans)
+        arrays = bind_arguments(plan.func, arrays, named)
         with self._lock:
             return self._run(name, plan, arrays)
 
@@ -248,7 +250,7 @@ class CudaExecutable:
             raise AttributeError(name)
         if name not in self.program.plans:
             raise UnknownFunction.among("the executable", name, self.program.plans)
-        return lambda *arrays: self(name, *arrays)
+        return lambda *arrays, **named: self(name, *arrays, **named)
 
     def __repr__(self) -> str:
         return f"<eqsat.CudaExecutable @{self.module.name}: {', '.join(self.functions)}>"

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import UnknownFunction
 from ..ir.dsl_function import function_name
-from ..ir.interpreter import check_inputs
+from ..ir.interpreter import bind_arguments, check_inputs
 from ..ir.module import Function, Module
 from .jit import Code
 
@@ -99,13 +99,16 @@ class Executable:
             arena = self._local.arena = (buf, addr + (-addr % self._align))
         return arena[1]
 
-    def __call__(self, name: str, *arrays: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+    def __call__(self, name: str, /, *arrays: Any, **named: Any
+                 ) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run function `name` (or the @eqsat.function itself) on numpy arrays (or values numpy
-        can convert)."""
+        can convert), passed in order or by parameter name."""
         name = function_name(name)
         entry = self._entries.get(name)
         if entry is None:
             raise UnknownFunction.among("the executable", name, self._entries)
+        if named:
+            arrays = bind_arguments(entry.func, arrays, named)
         if not entry.ready(arrays):
             arrays = tuple(np.ascontiguousarray(a) for a in check_inputs(entry.func, arrays))
         outputs = [_aligned(shape, dtype, self._align) for shape, dtype in entry.results]
@@ -119,7 +122,7 @@ class Executable:
             raise AttributeError(name)
         if name not in self._entries:
             raise UnknownFunction.among("the executable", name, self._entries)
-        return lambda *arrays: self(name, *arrays)
+        return lambda *arrays, **named: self(name, *arrays, **named)
 
     def __dir__(self) -> list[str]:
         """The attributes and the callable functions (for tab completion)."""

@@ -26,6 +26,30 @@ class _Frame:
     pending: tuple[str, ...] = field(default=())
 
 
+def bind_arguments(func: Function, args: tuple[Any, ...], kwargs: dict[str, Any]
+                   ) -> tuple[Any, ...]:
+    """`args` with the keyword arguments placed by parameter name (as a traced function's own
+    call binds them), or an InterpretError naming the unknown, repeated or missing ones."""
+    if not kwargs:
+        return args
+    params = func.params
+    if len(args) > len(params):
+        raise InterpretError(f"@{func.name} takes {len(params)} argument(s), got {len(args)}")
+    values: dict[str, Any] = {p.name: a for p, a in zip(params, args)}
+    names = {p.name for p in params}
+    for key, value in kwargs.items():
+        if key not in names:
+            raise InterpretError(f"@{func.name} has no parameter {key!r} (its parameters: "
+                                 f"{', '.join(p.name for p in params)})")
+        if key in values:
+            raise InterpretError(f"@{func.name} got two values for parameter {key!r}")
+        values[key] = value
+    missing = [p.name for p in params if p.name not in values]
+    if missing:
+        raise InterpretError(f"@{func.name} is missing argument(s) {', '.join(missing)}")
+    return tuple(values[p.name] for p in params)
+
+
 def check_inputs(func: Function | Any, args: tuple[Any, ...], params=None) -> list[np.ndarray]:
     """Inputs as arrays of exactly the parameter types, or an InterpretError saying which
     differs."""
@@ -109,10 +133,13 @@ def interpret_function(module: Module, name: str, *args: Any) -> list[np.ndarray
                              f"%{s.results[0]} = {s.op} : {s.types[0]})") from None
 
 
-def interpret(module: Module, name: str, *args: Any) -> np.ndarray | tuple[np.ndarray, ...]:
-    """Run `name` on numpy arrays: one result as an array, several as a tuple of arrays."""
+def interpret(module: Module, name: str, /, *args: Any, **kwargs: Any
+              ) -> np.ndarray | tuple[np.ndarray, ...]:
+    """Run `name` on numpy arrays (positional, or by parameter name): one result as an array,
+    several as a tuple of arrays."""
     verify(module)
     fn = _function(module, name)
+    args = bind_arguments(fn, args, kwargs)
     params = {p.name for p in fn.params}
     results = interpret_function(module, name, *args)
     # A returned parameter would alias the caller's array; hand back a fresh copy instead.
