@@ -123,14 +123,14 @@ def _optimize_cached(module: Module, rules: Any, target: str, limits: Any) -> Mo
         str(module), target, repr(limits), cache.machine_key(),
         cache.source_fingerprint("ir", "ad", "rules", "extract")]).encode()).hexdigest()[:40]
     directory = cache.cache_dir() / "optimized"
-    text = cache.load(directory, f"{key}.eqir")
+    text = cache.load_checked(directory, f"{key}.eqir")
     if text is not None:
         try:
             return parse(text)
         except Error:
             pass  # a damaged entry: optimize again and overwrite it
     out = optimize(module, target=target, limits=limits)
-    cache.store(directory, f"{key}.eqir", str(out).encode())
+    cache.store_checked(directory, f"{key}.eqir", str(out).encode())
     return out
 
 

@@ -55,6 +55,29 @@ def store(directory: Path | None, name: str, data: bytes) -> None:
         pass
 
 
+_CHECKED = b"eqsat-entry sha256="
+
+
+def store_checked(directory: Path | None, name: str, data: bytes) -> None:
+    """`store` with a digest of `data` in front, so that `load_checked` can tell a damaged
+    entry (emptied or cut short by a crash or a full disk, edited) from a good one."""
+    digest = hashlib.sha256(data).hexdigest().encode()
+    store(directory, name, _CHECKED + digest + b"\n" + data)
+
+
+def load_checked(directory: Path | None, name: str) -> bytes | None:
+    """The entry `name` written by `store_checked`, or None when there is none or it does not
+    match its digest (object code that does not is never handed to the loader: an empty or
+    cut object crashed the process)."""
+    raw = load(directory, name)
+    if raw is None or not raw.startswith(_CHECKED):
+        return None
+    digest, sep, data = raw[len(_CHECKED):].partition(b"\n")
+    if not sep or hashlib.sha256(data).hexdigest().encode() != digest:
+        return None
+    return data
+
+
 # Bumped when the rates' measurement changes, so rates measured the old way are measured again.
 RATES_VERSION = 2
 

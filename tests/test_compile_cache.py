@@ -85,6 +85,48 @@ def test_pool_object_survives_a_damaged_kernel_cache(tmp_path):
         assert list(tmp_path.glob("pool-*.o"))
 
 
+@pytest.mark.parametrize("damage", ["empty", "cut"])
+def test_damaged_object_compiles_again(tmp_path, damage):
+    # an emptied or cut-short object (a crash or a full disk) was handed to the loader as it
+    # was: the process died (SIGSEGV); it is a miss now, compiled again and overwritten
+    _fresh(tmp_path)
+    objects = [p for p in tmp_path.glob("*.o")]
+    assert objects
+    for p in objects:
+        data = p.read_bytes()
+        p.write_bytes(b"" if damage == "empty" else data[:len(data) // 2])
+    ok, mods = _fresh(tmp_path)
+    assert ok and "entry" in mods
+    ok, mods = _fresh(tmp_path)
+    assert ok and mods == []  # the rewritten entries are good
+
+
+@pytest.mark.parametrize("damage", ["empty", "header", "cut"])
+def test_damaged_optimized_program_is_optimized_again(tmp_path, damage):
+    # an optimized program that still parses after damage (empty text is an empty module, a
+    # cut at a function's end a module without the rest) gave an executable missing functions
+    script = ("import sys, numpy as np, eqsat\n"
+              "m = eqsat.parse(sys.argv[1])\n"
+              "x = np.linspace(-1, 1, 8, dtype=np.float32)\n"
+              "got = eqsat.compile(m).g(x)\n"
+              "print(bool(np.allclose(got, eqsat.interpret(m, 'g', x), rtol=1e-5)))\n")
+    text = ("module @two\nfunc @f(%x: f32[8]) -> f32[8] {\n  %0 = tanh %x : f32[8]\n  return %0\n}\n"
+            "func @g(%x: f32[8]) -> f32[8] {\n  %0 = exp %x : f32[8]\n  return %0\n}\n")
+    env = {**os.environ, "EQSAT_CACHE_DIR": str(tmp_path)}
+
+    def run() -> str:
+        out = subprocess.run([sys.executable, "-c", script, text], capture_output=True,
+                             text=True, env=env)
+        return out.stdout.strip() + out.stderr.strip()[-300:]
+
+    assert run() == "True"
+    (entry,) = (tmp_path / "optimized").glob("*.eqir")
+    data = entry.read_bytes()
+    entry.write_bytes({"empty": b"", "header": b"module @two\n",
+                       "cut": data[:data.index(b"func @g")]}[damage])
+    assert run() == "True"
+
+
 @pytest.mark.parametrize("mode", ["all", "batched", "0", "other"])
 def test_gemm_switches_without_gemm_match_gemm(mode):
     script = ("import sys\nfrom eqsat.backend import cpu\n"

@@ -157,7 +157,7 @@ def _bind_pool(directory: Path | None) -> None:
         # cached compile neither imports the kernel builders nor builds IR (~20 ms). Built
         # unoptimized: control code, as fast as its semaphores either way, ready sooner.
         name = f"pool-{fingerprint()[:40]}.o"
-        obj = cache.load(directory, name)
+        obj = cache.load_checked(directory, name)
         if obj is None:
             from . import parallel  # here: parallel imports the kernel builders
 
@@ -167,7 +167,7 @@ def _bind_pool(directory: Path | None) -> None:
             tm = llvm.Target.from_triple(triple).create_target_machine(
                 cpu=cpu, features=features, opt=0)
             obj = tm.emit_object(mod)
-            cache.store(directory, name, obj)
+            cache.store_checked(directory, name, obj)
         code = Code(obj)
         _runtime.append(code)
         llvm.add_symbol(POOL_SYMBOL, code.address(POOL_ENTRY))
@@ -205,9 +205,9 @@ def default_cache_dir() -> Path:
 
 def cache_load(directory: Path | None, key: str) -> bytes | None:
     """Object code stored under `key`, or None."""
-    return cache.load(directory, f"{key}.o")
+    return cache.load_checked(directory, f"{key}.o")
 
 
 def cache_store(directory: Path | None, key: str, obj: bytes) -> None:
     """Store object code; a cache that cannot be written is skipped, never an error."""
-    cache.store(directory, f"{key}.o", obj)
+    cache.store_checked(directory, f"{key}.o", obj)
