@@ -481,3 +481,16 @@ def layered(draw) -> Case:
     # vjp: the loss and the activations are both results
     return Case(with_grad(f, wrt, "vjp", callees), ["stack", "stack_vjp", layer.name],
                 scales, draw(st.integers(0, 2**31)))
+
+
+def long_chain(n: int) -> str:
+    """A chain of `n` small elementwise ops (five kinds, in turn) summed to a scalar, with its
+    gradient declared: the shape of program whose size every stage must handle linearly."""
+    ops = ["tanh", "sin", "neg", "exp", "cos"]
+    lines, prev = ["func @f(%x: f32[4]) -> f32[] {"], "x"
+    for i in range(n):
+        lines.append(f"  %v{i} = {ops[i % 5]} %{prev} : f32[4]")
+        prev = f"v{i}"
+    lines += [f"  %s = sum %{prev}, axes=[0] : f32[]", "  return %s", "}",
+              "func @g = grad @f wrt %x", ""]
+    return "\n".join(lines)

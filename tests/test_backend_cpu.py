@@ -432,14 +432,9 @@ def test_a_long_chain_builds_each_kernel_once_and_calls_it_out_of_line():
     pipeline took 36 s for 500 ops, and a 5,000-op chain did not finish in 10 minutes)."""
     import re
 
-    ops = ["tanh", "sin", "neg", "exp", "cos"]
-    lines, prev = ["func @f(%x: f32[4]) -> f32[] {"], "x"
-    for i in range(300):
-        lines.append(f"  %v{i} = {ops[i % 5]} %{prev} : f32[4]")
-        prev = f"v{i}"
-    lines += [f"  %s = sum %{prev}, axes=[0] : f32[]", "  return %s", "}",
-              "func @g = grad @f wrt %x", ""]
-    m = eqsat.parse("\n".join(lines))
+    from large_programs import long_chain
+
+    m = eqsat.parse(long_chain(300))
     text = eqsat.emit(m, target="llvm")
     kernels = re.findall(r"^define internal .*@(k\d+\.\w+)", text, re.M)
     assert len(kernels) <= 12, kernels

@@ -170,7 +170,8 @@ class CudaExecutable:
         plan = self.program.plans.get(name)
         if plan is None:
             raise UnknownFunction.among("the executable", name, self.program.plans)
-        arrays = bind_arguments(plan.func, arrays, named)
+        if named:
+            arrays = bind_arguments(plan.func, arrays, named)
         with self._lock:
             return self._run(name, plan, arrays)
 

@@ -13,11 +13,12 @@ import inspect
 import re
 import threading
 from collections.abc import Callable, Iterable
+from types import SimpleNamespace
 from typing import Any
 
 from ..errors import Error, InterpretError
 from .dsl_trace import Tracer, active_trace, constant, describe, literal, trace_error, tracing
-from .interpreter import interpret
+from .interpreter import bind_arguments, interpret
 from .module import Function, GradDecl, Item, Module, Param, Stmt, _expand
 from .printer import format_function, format_grad_decl
 from .types import TensorType, shape_problem
@@ -117,27 +118,12 @@ class TracedFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         traced = any(isinstance(v, Tracer) for v in (*args, *kwargs.values()))
-        values = self._bind(args, kwargs, trace_error if traced else InterpretError)
+        named = SimpleNamespace(name=self.name, params=self.signature.params)
+        values = list(bind_arguments(named, args, kwargs,
+                                     trace_error if traced else InterpretError))
         if traced:
             return self._emit_call(values)
         return type(self).runner(self.module, self.name, *values)
-
-    def _bind(self, args: tuple[Any, ...], kwargs: dict[str, Any],
-              error: Callable[[str], Error]) -> list[Any]:
-        params = self.signature.params
-        if len(args) > len(params):
-            raise error(f"@{self.name} takes {len(params)} argument(s), got {len(args)}")
-        values: dict[str, Any] = {p.name: a for p, a in zip(params, args)}
-        for key, value in kwargs.items():
-            if key not in {p.name for p in params}:
-                raise error(f"@{self.name} has no parameter {key!r}")
-            if key in values:
-                raise error(f"@{self.name} got two values for parameter {key!r}")
-            values[key] = value
-        missing = [p.name for p in params if p.name not in values]
-        if missing:
-            raise error(f"@{self.name} is missing argument(s) {', '.join(missing)}")
-        return [values[p.name] for p in params]
 
     def _emit_call(self, values: list[Any]) -> Tracer | tuple[Tracer, ...]:
         what = f"call @{self.name}"

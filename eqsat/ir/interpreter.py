@@ -6,12 +6,13 @@ not by Python's recursion limit.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import InterpretError
+from ..errors import Error, InterpretError
 from .module import Function, GradDecl, Module
 from .ops import OPS
 from .types import TensorType
@@ -26,28 +27,27 @@ class _Frame:
     pending: tuple[str, ...] = field(default=())
 
 
-def bind_arguments(func: Function, args: tuple[Any, ...], kwargs: dict[str, Any]
-                   ) -> tuple[Any, ...]:
-    """`args` with the keyword arguments placed by parameter name (as a traced function's own
-    call binds them), or an InterpretError naming the unknown, repeated or missing ones."""
-    if not kwargs:
-        return args
+def bind_arguments(func: Function | Any, args: Sequence[Any], kwargs: dict[str, Any],
+                   error: Callable[[str], Error] = InterpretError) -> tuple[Any, ...]:
+    """`args` with the keyword arguments placed by parameter name, for anything with `.name`
+    and `.params` (a Function, a traced function's signature); `error` names an unknown,
+    repeated or missing argument."""
     params = func.params
     if len(args) > len(params):
-        raise InterpretError(f"@{func.name} takes {len(params)} argument(s), got {len(args)}")
+        raise error(f"@{func.name} takes {len(params)} argument(s), got {len(args)}")
     values: dict[str, Any] = {p.name: a for p, a in zip(params, args)}
-    names = {p.name for p in params}
+    names = [p.name for p in params]
     for key, value in kwargs.items():
         if key not in names:
-            raise InterpretError(f"@{func.name} has no parameter {key!r} (its parameters: "
-                                 f"{', '.join(p.name for p in params)})")
+            raise error(f"@{func.name} has no parameter {key!r} (its parameters: "
+                        f"{', '.join(names)})")
         if key in values:
-            raise InterpretError(f"@{func.name} got two values for parameter {key!r}")
+            raise error(f"@{func.name} got two values for parameter {key!r}")
         values[key] = value
-    missing = [p.name for p in params if p.name not in values]
+    missing = [n for n in names if n not in values]
     if missing:
-        raise InterpretError(f"@{func.name} is missing argument(s) {', '.join(missing)}")
-    return tuple(values[p.name] for p in params)
+        raise error(f"@{func.name} is missing argument(s) {', '.join(missing)}")
+    return tuple(values[n] for n in names)
 
 
 def check_inputs(func: Function | Any, args: tuple[Any, ...], params=None) -> list[np.ndarray]:
@@ -139,7 +139,8 @@ def interpret(module: Module, name: str, /, *args: Any, **kwargs: Any
     several as a tuple of arrays."""
     verify(module)
     fn = _function(module, name)
-    args = bind_arguments(fn, args, kwargs)
+    if kwargs:
+        args = bind_arguments(fn, args, kwargs)
     params = {p.name for p in fn.params}
     results = interpret_function(module, name, *args)
     # A returned parameter would alias the caller's array; hand back a fresh copy instead.
