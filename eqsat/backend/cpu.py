@@ -13,11 +13,14 @@ import hashlib
 import json
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import cache
-from ..ir.module import Module
+from ..ir.fused import unfuse_module
+from ..ir.module import Module, Stmt
+from ..ir.types import TensorType
 from ..ir.verifier import plain_module
 from . import jit, settings
 from .runtime import Executable
@@ -30,28 +33,11 @@ _memory: dict[str, tuple[jit.Code, dict[str, Any]]] = {}
 _lock = threading.Lock()
 
 
-def _retyping_epilogues_expanded(module: Module) -> Module:
-    """The module with every `matmul_epi` whose body changes the dtype (`gt($0, 0.0)` on a
-    float product: a bool result) expanded into core ops: the matmul kernels finish the product
-    in the result's buffer, so they need the body to keep the product's dtype."""
-    from dataclasses import replace
-
-    from ..ir.fused import unfuse
-    from ..ir.module import Function
-
-    def retypes(s: Any, types: dict) -> bool:
-        return s.op == "matmul_epi" and s.type.dtype != types[s.operands[0]].dtype
-
-    def expand(f: Function) -> Function:
-        types = f.types()
-        if not any(retypes(s, types) for s in f.body):
-            return f
-        taken = set(types)
-        body = [t for s in f.body for t in (unfuse(s, types, taken) if retypes(s, types)
-                                            else [s])]
-        return replace(f, body=tuple(body))
-
-    return module.replace([expand(it) if isinstance(it, Function) else it for it in module.items])
+def _retypes(s: Stmt, types: Mapping[str, TensorType]) -> bool:
+    """A `matmul_epi` whose body changes the dtype (`gt($0, 0.0)` on a float product: a bool
+    result): the matmul kernels finish the product in the result's buffer, so such a statement
+    is lowered as its expansion into core ops."""
+    return s.op == "matmul_epi" and s.type.dtype != types[s.operands[0]].dtype
 
 
 def lower(module: Module) -> tuple[str, dict[str, Plan]]:
@@ -60,7 +46,7 @@ def lower(module: Module) -> tuple[str, dict[str, Plan]]:
 
     from .entry import emit_module, plan_module
 
-    module = _retyping_epilogues_expanded(module)
+    module = unfuse_module(module, only=_retypes)
     plans = plan_module(module)
     llmod = ir.Module(name=module.name)
     llmod.triple = jit.host()[0]

@@ -336,14 +336,23 @@ def unfuse(stmt: Stmt, types: Mapping[str, TensorType], taken: set[str] | None =
     return em.finish(expand(em, stmt, [(o, types[o]) for o in stmt.operands]))
 
 
-def unfuse_function(f: Function) -> Function:
-    """The function with every fused statement expanded into core ops."""
+Selector = Callable[[Stmt, Mapping[str, TensorType]], bool]
+
+
+def unfuse_function(f: Function, only: Selector | None = None) -> Function:
+    """The function with every fused statement expanded into core ops (with `only`, those of
+    them for which `only(statement, types)` holds; the function itself if there are none)."""
     types = f.types()
+    if only is not None and not any(only(s, types) for s in f.body):
+        return f
     taken = set(types)
-    body = [t for s in f.body for t in unfuse(s, types, taken)]
+    body = [t for s in f.body
+            for t in (unfuse(s, types, taken) if only is None or only(s, types) else [s])]
     return replace(f, body=tuple(body))
 
 
-def unfuse_module(m: Module) -> Module:
-    """The module with every fused statement of every function expanded into core ops."""
-    return m.replace([unfuse_function(it) if isinstance(it, Function) else it for it in m.items])
+def unfuse_module(m: Module, only: Selector | None = None) -> Module:
+    """The module with the fused statements of every function expanded into core ops (`only`:
+    as for unfuse_function)."""
+    return m.replace([unfuse_function(it, only) if isinstance(it, Function) else it
+                      for it in m.items])
