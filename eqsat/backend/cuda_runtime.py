@@ -171,7 +171,7 @@ class CudaExecutable:
         if plan is None:
             raise UnknownFunction.among("the executable", name, self.program.plans)
         if named:
-            arrays = bind_arguments(plan.func, arrays, named)
+            arrays = bind_arguments(name, plan.func.params, arrays, named)
         with self._lock:
             return self._run(name, plan, arrays)
 

@@ -108,7 +108,7 @@ class Executable:
         if entry is None:
             raise UnknownFunction.among("the executable", name, self._entries)
         if named:
-            arrays = bind_arguments(entry.func, arrays, named)
+            arrays = bind_arguments(name, entry.func.params, arrays, named)
         if not entry.ready(arrays):
             arrays = tuple(np.ascontiguousarray(a) for a in check_inputs(entry.func, arrays))
         outputs = [_aligned(shape, dtype, self._align) for shape, dtype in entry.results]

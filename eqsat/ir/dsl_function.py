@@ -13,7 +13,6 @@ import inspect
 import re
 import threading
 from collections.abc import Callable, Iterable
-from types import SimpleNamespace
 from typing import Any
 
 from ..errors import Error, InterpretError
@@ -118,8 +117,7 @@ class TracedFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         traced = any(isinstance(v, Tracer) for v in (*args, *kwargs.values()))
-        named = SimpleNamespace(name=self.name, params=self.signature.params)
-        values = list(bind_arguments(named, args, kwargs,
+        values = list(bind_arguments(self.name, self.signature.params, args, kwargs,
                                      trace_error if traced else InterpretError))
         if traced:
             return self._emit_call(values)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import Error, InterpretError
-from .module import Function, GradDecl, Module
+from .module import Function, GradDecl, Module, Param
 from .ops import OPS
 from .types import TensorType
 from .verifier import verify
@@ -27,26 +27,25 @@ class _Frame:
     pending: tuple[str, ...] = field(default=())
 
 
-def bind_arguments(func: Function | Any, args: Sequence[Any], kwargs: dict[str, Any],
-                   error: Callable[[str], Error] = InterpretError) -> tuple[Any, ...]:
-    """`args` with the keyword arguments placed by parameter name, for anything with `.name`
-    and `.params` (a Function, a traced function's signature); `error` names an unknown,
-    repeated or missing argument."""
-    params = func.params
+def bind_arguments(name: str, params: Sequence[Param], args: Sequence[Any],
+                   kwargs: dict[str, Any], error: Callable[[str], Error] = InterpretError
+                   ) -> tuple[Any, ...]:
+    """`args` with the keyword arguments placed by parameter name, in the order of function
+    @name's `params`; `error` names an unknown, repeated or missing argument."""
     if len(args) > len(params):
-        raise error(f"@{func.name} takes {len(params)} argument(s), got {len(args)}")
+        raise error(f"@{name} takes {len(params)} argument(s), got {len(args)}")
     values: dict[str, Any] = {p.name: a for p, a in zip(params, args)}
     names = [p.name for p in params]
     for key, value in kwargs.items():
         if key not in names:
-            raise error(f"@{func.name} has no parameter {key!r} (its parameters: "
+            raise error(f"@{name} has no parameter {key!r} (its parameters: "
                         f"{', '.join(names)})")
         if key in values:
-            raise error(f"@{func.name} got two values for parameter {key!r}")
+            raise error(f"@{name} got two values for parameter {key!r}")
         values[key] = value
     missing = [n for n in names if n not in values]
     if missing:
-        raise error(f"@{func.name} is missing argument(s) {', '.join(missing)}")
+        raise error(f"@{name} is missing argument(s) {', '.join(missing)}")
     return tuple(values[n] for n in names)
 
 
@@ -140,7 +139,7 @@ def interpret(module: Module, name: str, /, *args: Any, **kwargs: Any
     verify(module)
     fn = _function(module, name)
     if kwargs:
-        args = bind_arguments(fn, args, kwargs)
+        args = bind_arguments(fn.name, fn.params, args, kwargs)
     params = {p.name for p in fn.params}
     results = interpret_function(module, name, *args)
     # A returned parameter would alias the caller's array; hand back a fresh copy instead.
