@@ -30,8 +30,8 @@ CHUNK_BYTES = 1 << 14
 # Groups never chunk finer than this many outer iterations in all (too little work per call).
 MIN_EXTENT = 16
 # Kernels in one group, at most: LLVM inlines every member into the group's function, and its
-# pipeline takes time superlinear in a function's size (a chain of 200 small maps in one group
-# cost 2.9 s of optimization). The benchmark workloads' largest group has 8.
+# pipeline takes time superlinear in one function's size (as with an entry's kernels, see
+# entry.MAX_INLINED_KERNELS). The benchmark workloads' largest group has 8.
 MAX_MEMBERS = 16
 
 Buffer = tuple[str, int, int]  # (kind, offset or index, bytes): where a root value lives
