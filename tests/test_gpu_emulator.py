@@ -87,13 +87,15 @@ def test_external_functions_are_unknown_intrinsics_too():
         kernel(body)
 
 
-def test_a_write_outside_the_arena_is_caught():
-    m = eqsat.parse("""module @t
+NEG64 = """module @t
 func @f(%x: f32[64]) -> f32[64] {
   %y = neg %x : f32[64]
   return %y
-}""")
-    emu = EmulatedCuda(m)
+}"""
+
+
+def test_a_write_outside_the_arena_is_caught():
+    emu = EmulatedCuda(eqsat.parse(NEG64))
     plan = emu.plans["f"]
     assert plan.where["y"][0] == "arena"
     plan.where["y"] = ("arena", plan.arena_bytes - 128)  # half of %y past the arena's end
@@ -102,11 +104,6 @@ func @f(%x: f32[64]) -> f32[64] {
 
 
 def test_an_unwritten_element_is_poison():
-    m = eqsat.parse("""module @t
-func @f(%x: f32[64]) -> f32[64] {
-  %y = neg %x : f32[64]
-  return %y
-}""")
-    emu = EmulatedCuda(m)
+    emu = EmulatedCuda(eqsat.parse(NEG64))
     emu.plans["f"].launches.clear()  # nothing computes %y
     assert np.isnan(emu.f(np.ones(64, np.float32))).all()
