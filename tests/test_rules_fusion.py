@@ -109,6 +109,33 @@ def test_elementwise_chain_with_broadcasts_is_one_map(target):
     same(m, out, "f", rand(64, 32), rand(32, seed=1), rand(32, seed=2))
 
 
+FOLDED = """module @m
+func @f(%x: DT[64], %y: DT[64]) -> DT[64] {
+  %one = const 1.0 : DT[]
+  %three = const 3.0 : DT[]
+  %k = div %one, %three : DT[]
+  %b = broadcast %k : DT[64]
+  %z = const 0.0 : DT[64]
+  %c = lt %x, %y : bool[64]
+  %s = select %c, %z, %b : DT[64]
+  %m = mul %s, %x : DT[64]
+  %n = neg %m : DT[64]
+  return %n
+}
+"""
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_a_folded_f32_constant_fuses_like_an_f64_one(dtype):
+    # folding computes 1/3 in f64, so the f32 constant is not f32-rounded; the fusion pass
+    # named its e-class by a rounded constant, a new e-class, and the chain stayed unfused
+    m = parse(FOLDED.replace("DT", dtype))
+    out = optimize(m)
+    assert ops(out, "f") == ["map"]
+    x, y = rand(64), rand(64, seed=1)
+    same(m, out, "f", x.astype(DType[dtype].np), y.astype(DType[dtype].np))
+
+
 SOFTMAX = """module @m
 func @f(%x: f32[64,128]) -> f32[64,128] {
   %m = max %x, axes=[1] : f32[64]

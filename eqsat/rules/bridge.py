@@ -112,13 +112,16 @@ def _list(items: list[str]) -> str:
     return out
 
 
-def const_term(value: Any, t: TensorType) -> str:
-    """The egglog term of `const value : t`."""
+def const_term(value: Any, t: TensorType, rounded: bool = True) -> str:
+    """The egglog term of `const value : t`; `rounded=False` keeps a value read from the
+    e-graph as it is there (folding computes in f64, so an f32 constant may not be rounded,
+    and rounding it would name a new e-class rather than its own)."""
     if t.dtype.is_float:
         # the value the program computes with (f32 rounds, 1e39 is inf), so folding cannot see
         # another one
-        with np.errstate(over="ignore"):
-            value = float(t.dtype.np.type(value))
+        if rounded:
+            with np.errstate(over="ignore"):
+                value = float(t.dtype.np.type(value))
         negative_zero = value == 0 and math.copysign(1.0, value) < 0
         magnitude = abs(value) if negative_zero else value
         term = f'(ConstF {_float(magnitude)} "{t.dtype}" {_vec(t.shape)})'

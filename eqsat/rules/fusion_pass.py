@@ -349,7 +349,7 @@ class _Refs:
         if n.op == "param":
             return f"(Param {json.dumps(attrs['function'])} {json.dumps(attrs['name'])})"
         if n.op == "const":
-            return const_term(attrs["value"], self.g.types[c])
+            return const_term(attrs["value"], self.g.types[c], rounded=False)
         kids = [self.names[k] for k in n.children]
         if n.op == "call":
             return f"(Op_call {json.dumps(attrs['callee'])} {_list(kids)} {attrs['index']})"
