@@ -43,6 +43,10 @@ STREAM_MIN = 32 << 20
 # function's size (a chain of 400 small maps: 12 s, 100 ms per kernel). A call costs
 # nanoseconds beside a kernel's work.
 MAX_INLINED_KERNELS = 32
+# A function of more statements than this runs them in parts of this many, each an out-of-line
+# function of its own: LLVM's code generation is superlinear in one function's size, and one
+# entry holding thousands of calls kept every buffer pointer live across all of them.
+PART_STATEMENTS = 256
 VOIDP = I8.as_pointer()
 ENTRY_TYPE = ir.FunctionType(ir.VoidType(), [VOIDP.as_pointer(), VOIDP.as_pointer(), VOIDP])
 
@@ -265,9 +269,11 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                      [VOIDP, VOIDP, I64, ir.IntType(1)])
     callees = {s.attr["callee"] for p in plans.values() for s in p.func.body if s.op == "call"}
     for name, plan in plans.items():
-        fn = entries[name]
-        fn.attributes.add("nounwind")
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        entry = entries[name]
+        entry.attributes.add("nounwind")
+        top = ir.IRBuilder(entry.append_basic_block("entry"))
+        fn, b = entry, top
+        parts = len(plan.live) > PART_STATEMENTS
         types = plan.func.types()
         ptr: dict[str, ir.Value] = {}
 
@@ -276,6 +282,18 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                 with b.goto_entry_block():
                     ptr[v] = _pointer(b, fn, plan.where[v])
             return ptr[v]
+
+        def new_part(k: int) -> None:
+            """Continue in out-of-line function number `k`, which the entry calls next."""
+            nonlocal fn, b, ptr
+            if fn is not entry:
+                b.ret_void()
+            fn = ir.Function(llmod, ENTRY_TYPE, f"{entry_symbol(name)}.part{k}")
+            fn.linkage = "internal"
+            fn.attributes.add("nounwind")
+            fn.attributes.add("noinline")
+            b, ptr = ir.IRBuilder(fn.append_basic_block("entry")), {}
+            top.call(fn, list(entry.args))
 
         root: dict[str, str] = {p.name: p.name for p in plan.func.params}
         group = Group()
@@ -308,8 +326,11 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
         # Results read back inside the call, or by a caller, are better left in cache.
         reread = {root[o] for idx in plan.live for o in plan.func.body[idx].operands}
         nested = name in callees
-        for idx in plan.live:
+        for pos, idx in enumerate(plan.live):
             s = plan.func.body[idx]
+            if parts and pos % PART_STATEMENTS == 0:
+                flush()
+                new_part(pos // PART_STATEMENTS)
             if s.op == "reshape" or any(r in plan.views for r in s.results):
                 continue
             if s.op == "call":
@@ -346,6 +367,9 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                     group.members.append(m)  # runs alone
                     flush()
         flush()
+        if fn is not entry:
+            b.ret_void()
+            fn, b, ptr = entry, top, {}
         if len(called) > MAX_INLINED_KERNELS:
             for k in called:
                 k.attributes.add("noinline")
