@@ -237,6 +237,22 @@ def test_long_concat_is_split_across_kernels(tmp_path):
     assemble(prog.ptx, tmp_path)
 
 
+def test_a_map_of_more_operands_than_kernel_parameters_is_expanded(tmp_path):
+    # 600 pointers are 4808 bytes of parameters, past PTX 8.0's 4352: ptxas refused the kernel
+    n = 600
+    ps = ", ".join(f"%x{i}: f32[8]" for i in range(n))
+    terms = [f"${i}" for i in range(n)]
+    while len(terms) > 1:
+        terms = [f"add({a}, {b})" for a, b in zip(terms[::2], terms[1::2])] + terms[len(terms)
+                                                                                & ~1:]
+    ops = ", ".join(f"%x{i}" for i in range(n))
+    m = one(f"func @f({ps}) -> f32[8] {{\n  %y = map {ops}, body={terms[0]} : f32[8]\n"
+            f"  return %y\n}}")
+    prog = cuda.build(m)
+    assert all(len(ln.values) <= 3 for ln in prog.plans["f"].launches)
+    assemble(prog.ptx, tmp_path)
+
+
 def test_matmul_grid_past_65535_batches_or_row_tiles(tmp_path):
     m = one("""func @f(%a: f32[70000,2,3], %b: f32[70000,3,2], %c: f32[4200000,1], %d: f32[1,3])
         -> (f32[70000,2,2], f32[4200000,3]) {

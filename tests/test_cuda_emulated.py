@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import eqsat
-from eqsat.backend import nvptx_kernels, nvptx_layout, nvptx_matmul
+from eqsat.backend import nvptx_kernels, nvptx_layout, nvptx_matmul, nvptx_target
 from eqsat.ir import DType
 from eqsat.testing import inputs, modules
 from eqsat.testing.equivalence import compare
@@ -291,6 +291,20 @@ func @f(%a: f32[4,3], %b: f32[4,5], %c: f32[4,1], %d: f32[4,0], %e: f32[4,7]) ->
 }""")
     emu = check(m)
     assert len(emu.launches("f")) == 3
+
+
+def test_fused_ops_past_the_kernel_parameters_run_expanded(monkeypatch):
+    monkeypatch.setattr(nvptx_target, "MAX_KERNEL_INPUTS", 2)
+    m = module("""
+func @f(%a: f32[4,3], %b: f32[4,3], %c: f32[3], %w: f32[3,5], %v: f32[5])
+    -> (f32[4,3], f32[4], f32[4,5]) {
+  %0 = map %a, %b, %c, body=mul(tanh(add($0, $1)), $2) : f32[4,3]
+  %1 = map_reduce %a, %b, %c, body=sub(mul($0, $1), $2), reduce=max, axes=[1] : f32[4]
+  %2 = matmul_epi %a, %w, %v, %v, ta=0, tb=0, body=mul(add($0, $1), $2) : f32[4,5]
+  return %0, %1, %2
+}""")
+    emu = check(m)
+    assert len(emu.launches("f")) > 3
 
 
 # ---------------------------------------------------------------- matrix products

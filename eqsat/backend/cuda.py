@@ -9,8 +9,10 @@ first-fit `Arena`). `emit_ptx` shows the PTX with the launch plan as a comment a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..ir.fused import EXPANSIONS, unfuse_function
 from ..ir.module import Function, Module, Stmt
 from ..ir.types import TensorType
 from ..ir.verifier import plain_module
@@ -80,9 +82,15 @@ def inline_calls(module: Module, func: Function) -> Function:
     return Function(func.name, func.params, func.result_types, tuple(body), tuple(returns))
 
 
+def _over_parameter_space(s: Stmt, types: Mapping[str, TensorType]) -> bool:
+    """A fused statement reading more operands than one kernel's parameters hold: it is
+    lowered as its expansion into core ops, each a kernel of a few operands."""
+    return s.op in EXPANSIONS and len(s.operands) > T.MAX_KERNEL_INPUTS
+
+
 def plan_function(module: Module, func: Function, kb: GpuKernelBuilder) -> GpuPlan:
     """Kernels for the live statements of `func` (calls inlined) and their buffers."""
-    flat = inline_calls(module, func)
+    flat = unfuse_function(inline_calls(module, func), only=_over_parameter_space)
     types = flat.types()
     needed = set(flat.returns)
     live: list[Stmt] = []

@@ -44,9 +44,8 @@ def slice_(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> GpuKerne
     return pointwise(kb, "slice", s.type, ins, [whole(s.type, ins, [start], [xs])], _identity)
 
 
-# Operands of one concat kernel: PTX 8.0 allows 4352 bytes of kernel parameters (543
-# pointers beside the output); a longer concat is several kernels, each writing its windows.
-CONCAT_MAX_INPUTS = 256
+# Operands of one concat kernel; a longer concat is several, each writing its windows.
+CONCAT_MAX_INPUTS = T.MAX_KERNEL_INPUTS
 
 
 def concat(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType], at: int = 0) -> GpuKernel:

@@ -24,6 +24,10 @@ GLOBAL = 1  # address space of device memory: loads become ld.global
 SHARED = 3  # address space of a block's shared memory
 WARP = 32
 FULL_MASK = 0xFFFFFFFF
+# Operands of one kernel: PTX 8.0 allows 4352 bytes of kernel parameters, 543 pointers beside
+# the output (ptxas refuses more); a longer concat is several kernels, a fused op with more
+# operands its expansion into core ops.
+MAX_KERNEL_INPUTS = 256
 
 _lock = threading.Lock()
 
