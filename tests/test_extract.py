@@ -103,6 +103,33 @@ def test_matmul_chain_association_is_chosen_by_the_cost_model():
         assert set(ex.choice) == {g.index[k] for k in ("A", "B", "C", "BC", "R")}
 
 
+def test_greedy_drops_a_shared_value_all_its_readers_can_do_without():
+    # S is shared by A and B; dropping it takes both switching at once (A to its own node, B
+    # to reading A): one at a time, each switch costs more while the other keeps S alive
+    rows = [("x", "param", [], 0.0), ("S", "s", ["x"], 4.0),
+            ("A", "own", ["x"], 6.0), ("A", "via_s", ["x", "S"], 5.0),
+            ("B", "of_a", ["A"], 3.0), ("B", "via_s", ["x", "S"], 1.0)]
+    g, costs = graph(rows, ["A", "B"])
+    ex = extract_greedy(g, costs)
+    assert ex.cost == 9.0 == brute_force(g, costs)
+    assert g.index["S"] not in ex.choice
+
+
+def test_greedy_shares_a_product_rather_than_recomputing_it_in_two_epilogues():
+    # the training step's pattern: the forward relu and the backward's mask each fused the
+    # same product into a matmul epilogue; computing it once and reading it twice is cheaper,
+    # but either switch alone pays the whole product
+    rows = [("x", "param", [], 0.0), ("w", "param", [], 0.0), ("g", "param", [], 0.0),
+            ("P", "matmul", ["x", "w"], 10.0),
+            ("F", "matmul_epi", ["x", "w"], 10.5), ("F", "map", ["P"], 1.0),
+            ("M", "matmul_epi", ["x", "w", "g"], 10.5), ("M", "map", ["P", "g"], 1.0)]
+    g, costs = graph(rows, ["F", "M"])
+    assert extract_tree(g, costs).cost == 21.0
+    ex = extract_greedy(g, costs)
+    assert ex.cost == 12.0 == brute_force(g, costs)
+    assert ex.node("F").op == ex.node("M").op == "map"
+
+
 @st.composite
 def small_egraphs(draw):
     """Up to 6 classes of up to 3 nodes over any classes (cycles and self-loops included)."""

@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 
 import numpy as np
 
 from .choice import Extraction, ExtractionError, dag_cost
 from .egraph import EGraph
+
+# Compound moves (`_Selection.try_eliminate`, `try_share`) try every reader's alternatives: run
+# them on e-graphs up to this many nodes.
+COMPOUND_MAX_NODES = 5000
 
 
 def tree_choice(graph: EGraph, costs: np.ndarray) -> tuple[list[int], list[int]]:
@@ -136,13 +141,17 @@ class _Selection:
                     state[ks[i]] = 1
                     stack.append((ks[i], 0))
 
-    def try_switch(self, c: int, b: int) -> float:
-        """Switch class c to node b if that lowers the DAG cost; the change made (<= 0)."""
+    def switch(self, c: int, b: int, back: bool = False) -> float | None:
+        """Switch class c to node b whatever the cost; the change made, or None (and nothing
+        changed) where b would close a cycle. `back` undoes a switch just made: no cycle check,
+        and the positions, still those of the choice before, stay. A switch that leaves the
+        topological order sets `unordered`; its caller reorders if it keeps the switch."""
         a = self.sel[c]
         kb = self.kids[b]
-        ordered = all(self.pos[k] < self.pos[c] for k in kb)
+        ordered = back or all(self.pos[k] < self.pos[c] for k in kb)
         if not ordered and self._reaches(kb, c):
-            return 0.0
+            return None
+        self.unordered = not ordered
         self.sel[c] = b
         delta = self.own[b] - self.own[a]
         # add before dropping, so children the two nodes share are never freed and re-added
@@ -150,15 +159,74 @@ class _Selection:
             delta += self._add(k)
         for k in self.kids[a]:
             delta -= self._drop(k)
-        if delta < -1e-12 * max(abs(self.own[a]), abs(self.own[b]), 1e-300):
-            if not ordered:
+        return delta
+
+    def _better(self, delta: float, a: int, b: int) -> bool:
+        return delta < -1e-12 * max(abs(self.own[a]), abs(self.own[b]), 1e-300)
+
+    def try_switch(self, c: int, b: int) -> float:
+        """Switch class c to node b if that lowers the DAG cost; the change made (<= 0)."""
+        a = self.sel[c]
+        delta = self.switch(c, b)
+        if delta is None:
+            return 0.0
+        if self._better(delta, a, b):
+            if self.unordered:
                 self._reorder()
             return delta
-        for k in self.kids[a]:
-            self._add(k)
-        for k in kb:
-            self._drop(k)
-        self.sel[c] = a
+        self.switch(c, a, back=True)
+        return 0.0
+
+    def try_eliminate(self, d: int, users: list[tuple[int, int]]) -> float:
+        """Stop computing class d: every chosen node reading it switches to the best other
+        node of its class, all at once, if that lowers the DAG cost; the change made (<= 0).
+        One switch at a time cannot find this where d is shared: each reader that inlines d's
+        work pays for it while the others keep d alive."""
+        kids = self.kids
+        return self._switch_all({c for c, _ in users}, lambda c: d in kids[self.sel[c]],
+                                lambda b: d not in kids[b], lambda: self.ref[d] == 0)
+
+    def try_share(self, d: int, users: list[tuple[int, int]]) -> float:
+        """Start computing class d (unused) for several readers at once: each chosen class
+        with a node reading d switches to the best such node, if that lowers the DAG cost;
+        the change made (<= 0). One switch at a time pays all of d for the first reader (a
+        product the backward pass could read instead of recomputing it in an epilogue)."""
+        kids = self.kids
+        return self._switch_all({c for c, _ in users}, lambda c: d not in kids[self.sel[c]],
+                                lambda b: d in kids[b], lambda: True)
+
+    def _switch_all(self, classes: set[int], needs: Callable[[int], bool],
+                    allowed: Callable[[int], bool], done: Callable[[], bool]) -> float:
+        """Switch every chosen class of `classes` that `needs` it to its best `allowed` node,
+        users first, even where one switch alone costs more; kept if `done()` and the whole
+        lowers the DAG cost, else undone. The change made (<= 0)."""
+        undo: list[tuple[int, int]] = []
+        total, reordered = 0.0, False
+        for c in sorted(classes, key=self.pos.__getitem__, reverse=True):
+            a = self.sel[c]
+            if not self.ref[c] or not needs(c):
+                continue
+            best, best_delta = -1, np.inf
+            for b in self.g.class_nodes[c]:
+                if b != a and self.feasible[b] and allowed(b):
+                    delta = self.switch(c, b)
+                    if delta is not None:
+                        self.switch(c, a, back=True)
+                        if delta < best_delta:
+                            best, best_delta = b, delta
+            if best == -1:
+                continue
+            total += self.switch(c, best) or 0.0
+            undo.append((c, a))
+            if self.unordered:
+                self._reorder()
+                reordered = True
+        if undo and done() and self._better(total, undo[0][1], self.sel[undo[0][0]]):
+            return total
+        for c, a in reversed(undo):
+            self.switch(c, a, back=True)
+        if reordered:
+            self._reorder()
         return 0.0
 
 
@@ -167,7 +235,11 @@ def improve_dag(graph: EGraph, costs: np.ndarray, sel: list[int], order: list[in
     """Local search on the DAG cost from a full acyclic choice `sel`; returns the improved
     choice (every class keeps a choice, reachable or not)."""
     s = _Selection(graph, costs, list(sel), order)
-    feasible = [all(sel[d] != -1 for d in n.children) for n in graph.nodes]
+    feasible = s.feasible = [all(sel[d] != -1 for d in n.children) for n in graph.nodes]
+    users: list[list[tuple[int, int]]] = [[] for _ in range(graph.num_classes)]
+    for i, n in enumerate(graph.nodes):
+        for d in set(n.children):
+            users[d].append((n.eclass, i))
     for _ in range(max_passes):
         improved = False
         # users before operands: a switch near the roots frees or shares whole sub-programs,
@@ -180,6 +252,16 @@ def improve_dag(graph: EGraph, costs: np.ndarray, sel: list[int], order: list[in
                     improved = True
             if time.perf_counter() > deadline:
                 return s.sel
+        if not improved and len(graph.nodes) <= COMPOUND_MAX_NODES:
+            for d in sorted(range(graph.num_classes), key=s.pos.__getitem__, reverse=True):
+                if s.ref[d] > 1 and s.try_eliminate(d, users[d]) < 0:
+                    improved = True
+                elif (s.ref[d] == 0 and feasible[s.sel[d]] if s.sel[d] != -1 else False) and \
+                        len({c for c, _ in users[d] if s.ref[c]}) > 1 and \
+                        s.try_share(d, users[d]) < 0:
+                    improved = True
+                if time.perf_counter() > deadline:
+                    return s.sel
         if not improved:
             break
     return s.sel
