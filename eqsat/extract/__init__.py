@@ -27,6 +27,11 @@ METHODS = ("auto", "greedy", "ilp", "tree")
 # Above this many e-nodes the ILP rarely finishes in seconds (PITFALLS: 13 s at 700 nodes
 # without component splitting): "auto" goes greedy.
 ILP_MAX_NODES = 2000
+# ...and gives the ILP this long at most: the greedy answer (with its compound moves) is the
+# ILP's bound and usually its optimum; a program whose optimality the ILP cannot prove quickly
+# spent the whole budget for nothing (a 20-line f32 loss: 2.5 s, none better than greedy).
+# method="ilp" takes the whole time limit.
+AUTO_ILP_SECONDS = 0.5
 
 
 def extract(graph: EGraph, costs: np.ndarray, method: str = "auto",
@@ -34,7 +39,8 @@ def extract(graph: EGraph, costs: np.ndarray, method: str = "auto",
     """Choose a node for every class reachable from `graph.roots`, minimising DAG cost.
 
     `method`: "ilp" (exact within `time_limit`, greedy as fallback), "greedy", "tree" (tree
-    cost, as egglog's extractor) or "auto" (ilp for small e-graphs, else greedy).
+    cost, as egglog's extractor) or "auto" (ilp for small e-graphs, for at most
+    AUTO_ILP_SECONDS, else greedy).
     """
     costs = np.asarray(costs, dtype=float)
     if costs.shape != (len(graph.nodes),):
@@ -43,7 +49,9 @@ def extract(graph: EGraph, costs: np.ndarray, method: str = "auto",
     if not np.all(np.isfinite(costs)) or np.any(costs < 0):
         raise Error("e-node costs must be finite and non-negative")
     if method == "auto":
-        method = "ilp" if len(graph.nodes) <= ILP_MAX_NODES else "greedy"
+        if len(graph.nodes) <= ILP_MAX_NODES:
+            return extract_ilp(graph, costs, time_limit=min(time_limit, AUTO_ILP_SECONDS))
+        method = "greedy"
     if method == "ilp":
         return extract_ilp(graph, costs, time_limit=time_limit)
     if method == "greedy":
