@@ -3,6 +3,8 @@ on random programs, declarations of declarations, calls, names, errors."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -333,6 +335,18 @@ func @step(%x: f64[3,4], %w: f64[4,2], %b: f64[2], %y: f64[3,2]) -> f64[4,2] {
     rng = np.random.default_rng(7)
     e = check_vjp(m, "step", mlp_args(rng), wrt=("w",))
     assert isinstance(e["step_vjp"], ir.Function) and isinstance(e["loss_grad"], ir.Function)
+
+
+def test_calls_deeper_than_the_recursion_limit():
+    # Each function calls the one before: inlining ran recursively and hit RecursionError.
+    depth = sys.getrecursionlimit() + 100
+    funcs = ["func @f0(%x: f64[2]) -> f64[2] {\n  return %x\n}"]
+    funcs += [f"func @f{i}(%x: f64[2]) -> f64[2] {{\n  %y = call @f{i - 1}(%x) : f64[2]\n"
+              f"  %z = add %y, %x : f64[2]\n  return %z\n}}" for i in range(1, depth)]
+    m = parse("\n".join(funcs) + f"\nfunc @g = vjp @f{depth - 1} wrt %x\n")
+    seed = np.array([1.0, -2.0])
+    (gx,) = run(differentiate(m), "g", np.zeros(2), seed)
+    np.testing.assert_array_equal(gx, depth * seed)
 
 
 def test_seed_names_never_clash_with_values():

@@ -34,32 +34,46 @@ def flatten(f: Function, functions: Mapping[str, Function], reserved: set[str]) 
     body: list[Stmt] = []
     types = {p.name: p.type for p in f.params}
     inlined: dict[str, int] = {}
-
-    def run(func: Function, env: dict[str, str]) -> None:
-        for s in func.body:
-            operands = tuple(env[o] for o in s.operands)
-            if s.op != "call":
-                stmt = Stmt(tuple(env[r] for r in s.results), s.op, operands, s.attrs, s.types)
-                for t in unfuse(stmt, types, names.taken):
-                    body.append(t)
-                    types.update(zip(t.results, t.types))
-                continue
+    # Frames [function, env, next statement] on an explicit stack, so call depth is bounded by
+    # memory, not by Python's recursion limit (as in the interpreter).
+    stack: list[list] = [[f, env, 0]]
+    while stack:
+        frame = stack[-1]
+        func, inner, pc = frame
+        if pc == len(func.body):
+            stack.pop()
+            if stack:  # a callee returned: the caller's names for its results alias its values
+                caller, outer, next_pc = stack[-1]
+                for ret, mine in zip(func.returns, caller.body[next_pc - 1].results):
+                    outer[mine] = inner[ret]
+            continue
+        frame[2] = pc + 1
+        s = func.body[pc]
+        operands = tuple(inner[o] for o in s.operands)
+        if s.op == "call":
             callee = functions[s.attr["callee"]]
-            inlined[callee.name] = k = inlined.get(callee.name, 0) + 1
-            prefix = callee.name if k == 1 else f"{callee.name}.{k}"
-            inner = {p.name: a for p, a in zip(callee.params, operands)}
-            defined = {r for t in callee.body for r in t.results}
-            for ret, mine in zip(callee.returns, s.results):
-                if ret in defined and ret not in inner:
-                    inner[ret] = env[mine]
-            for t in callee.body:
-                for r in t.results:
-                    if r not in inner:
-                        inner[r] = names.fresh(f"{prefix}.{r}")
-            run(callee, inner)
-            # A callee that returns a parameter, or one value twice: the caller's name aliases.
-            for ret, mine in zip(callee.returns, s.results):
-                env[mine] = inner[ret]
-
-    run(f, env)
+            stack.append([callee, _callee_env(callee, s, operands, inner, names, inlined), 0])
+            continue
+        stmt = Stmt(tuple(inner[r] for r in s.results), s.op, operands, s.attrs, s.types)
+        for t in unfuse(stmt, types, names.taken):
+            body.append(t)
+            types.update(zip(t.results, t.types))
     return Function(f.name, f.params, f.result_types, body, tuple(env[r] for r in f.returns))
+
+
+def _callee_env(callee: Function, call: Stmt, operands: tuple[str, ...], env: dict[str, str],
+                names: Names, inlined: dict[str, int]) -> dict[str, str]:
+    """The names `callee`'s values take when inlined at `call`: its parameters the arguments,
+    a value it returns the caller's name for it, the rest fresh names prefixed by its name."""
+    inlined[callee.name] = k = inlined.get(callee.name, 0) + 1
+    prefix = callee.name if k == 1 else f"{callee.name}.{k}"
+    inner = {p.name: a for p, a in zip(callee.params, operands)}
+    defined = {r for t in callee.body for r in t.results}
+    for ret, mine in zip(callee.returns, call.results):
+        if ret in defined and ret not in inner:
+            inner[ret] = env[mine]
+    for t in callee.body:
+        for r in t.results:
+            if r not in inner:
+                inner[r] = names.fresh(f"{prefix}.{r}")
+    return inner
