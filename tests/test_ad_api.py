@@ -97,6 +97,27 @@ def test_traced_gradient_can_be_called_inside_another_function():
     assert all(s.op != "call" for s in v.ir.body)
 
 
+
+def test_gradient_name_is_free_in_the_module():
+    # The default name f_grad was taken by a callee, and its fallback f_grad_3 (3 = the
+    # module's item count) by another: a VerifyError that @f_grad_3 was defined twice.
+    @function
+    def ad_named_grad(x: f64[3]):
+        return x * 2.0
+
+    @function
+    def ad_named_grad_3(x: f64[3]):
+        return x * 3.0
+
+    @function
+    def ad_named(x: f64[3]):
+        return (ad_named_grad(x) * ad_named_grad_3(x)).sum()
+
+    g = grad(ad_named)
+    assert g.name not in ad_named.module
+    x = np.array([1.0, -2.0, 0.5])
+    np.testing.assert_allclose(g(x), 12 * x)
+
 @pytest.mark.parametrize("call,message", [
     (lambda: grad(ad_pair), "one float scalar"),
     (lambda: grad(ad_loss, wrt="nope"), "no parameter 'nope'"),

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import Error, VerifyError
-from ..ir import Function, GradDecl
+from ..ir import Function, GradDecl, Module
 from ..ir.dsl import TracedFunction
 from .expand import differentiate
 
@@ -53,11 +53,19 @@ def _derive(kind: str, f: Any, wrt: Wrt, name: str | None) -> TracedFunction:
             raise VerifyError(f"eqsat.{kind} needs @{of.name} to return one float scalar "
                               f"(f32[] or f64[]), but it returns {', '.join(map(str, r))}; "
                               f"use eqsat.vjp for other results")
-    decl = GradDecl(name or f"{f.name}_{kind}", kind, f.name, names)
-    if decl.name in module:
-        decl = GradDecl(f"{decl.name}_{len(module.items)}", kind, f.name, names)
+    decl = GradDecl(_free_name(module, name or f"{f.name}_{kind}"), kind, f.name, names)
     expanded = differentiate(module.replace(module.items + (decl,)))
     return TracedFunction.from_ir(expanded[decl.name])
+
+
+def _free_name(module: Module, base: str) -> str:
+    """`base`, or the first of `base_2`, `base_3`, ... that no item of `module` holds (the
+    declaration joins `module` to be expanded)."""
+    name, k = base, 1
+    while name in module:
+        k += 1
+        name = f"{base}_{k}"
+    return name
 
 
 def _wrt_names(kind: str, f: Function, wrt: Wrt) -> tuple[str, ...]:
