@@ -172,6 +172,21 @@ def test_cast_from_bool_or_int_next_to_the_seed(dtype: str):
     assert float(run(differentiate(m), "g", np.float32(2.5))[0]) == 1.0
 
 
+
+@pytest.mark.parametrize("c,want", [("1e300", np.inf), ("16777217", 16777216.0)])
+def test_constant_adjoint_through_f32_keeps_its_rounding(c: str, want: float):
+    """The adjoint crosses f64 -> f32 -> f64: a constant one was folded through both casts
+    unrounded (1e300 instead of the inf that f32 holds, and that a parameter of value 1e300
+    gets)."""
+    body = ("  %a = cast %x : f32[2]\n  %b = cast %a : f64[2]\n  %d = mul %b, %c : f64[2]\n"
+            "  %l = sum %d, axes=[0] : f64[]\n  return %l\n}\nfunc @g = grad @f wrt %x\n")
+    const = parse(f"func @f(%x: f64[2]) -> f64[] {{\n  %c = const {c} : f64[2]\n" + body)
+    param = parse("func @f(%x: f64[2], %c: f64[2]) -> f64[] {\n" + body)
+    x = np.ones(2)
+    (got,) = run(differentiate(const), "g", x)
+    (same,) = run(differentiate(param), "g", x, np.full(2, float(c)))
+    assert got.tolist() == same.tolist() == [want, want]
+
 def test_unused_parameter_gets_a_zero_of_its_type():
     m = parse("func @f(%x: f32[], %w: f32[2,3]) -> f32[] {\n  %y = exp %x : f32[]\n"
               "  return %y\n}\nfunc @g = grad @f wrt %x, %w\n")

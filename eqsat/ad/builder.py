@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
+
 from ..ir import OPS, Stmt, TensorType
 
 # Placeholder names contain '#', which no `.eqir` name can, so they never clash with the primal.
@@ -22,6 +24,13 @@ _PLACEHOLDER = "#"
 
 # Readable names for the constants rules need.
 _CONST_NAMES = {0.0: "zero", 1.0: "one", 0.5: "half", -0.5: "neg_half", 2.0: "two", -1.0: "neg_one"}
+
+
+def _stored(value: float, t: TensorType) -> float:
+    """`value` as a constant of type `t` holds it (a cast of the constant must see the f32
+    rounding: 1e300 is inf in f32, and stays inf cast back to f64)."""
+    with np.errstate(over="ignore"):
+        return float(t.dtype.np.type(value))
 
 
 def is_placeholder(name: str) -> bool:
@@ -95,10 +104,12 @@ class Builder:
     def _simplify(self, op: str, xs: Sequence[str], attrs: dict, t: TensorType) -> str | None:
         """An existing value equal to `op(xs)`, or a folded constant; None when there is none."""
         known = [self._known.get(x) for x in xs]
-        if op in ("broadcast", "reshape", "transpose", "slice", "cast") and known[0] is not None:
-            return self.const(known[0], t)
         if op in ("broadcast", "reshape", "cast") and self.types[xs[0]] == t:
             return xs[0]
+        if op in ("broadcast", "reshape", "transpose", "slice") and known[0] is not None:
+            return self.const(known[0], t)
+        if op == "cast" and known[0] is not None:
+            return self.const(_stored(known[0], self.types[xs[0]]), t)
         if op == "transpose" and tuple(attrs["perm"]) == tuple(range(t.rank)):
             return xs[0]
         inner = self._defs.get(xs[0]) if xs else None
