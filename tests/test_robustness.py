@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import eqsat
 from eqsat.errors import Error, ParseError, VerifyError
 from eqsat.ir import Function, Module, Param, Stmt, TensorType, interpret, parse, verify
+from eqsat.ir.module import Names
 from eqsat.ir.types import DType
 from eqsat.testing import modules
 
@@ -144,6 +145,17 @@ def test_a_5000_op_chain_is_quick():
     assert out.shape == (4,) and np.isfinite(out).all()
     assert elapsed < 5.0, f"parse + verify + print + interpret took {elapsed:.1f} s"
 
+
+
+def test_fresh_names_of_one_base_take_linear_time():
+    """The gradient of a chain that reads one parameter n times names n contributions
+    `%x.adj.sum`, `%x.adj.sum.1`, ...: each fresh name scanned from `.1` up, so naming alone
+    took 2.5 s of the 4.7 that differentiating an 8,000-op chain took."""
+    names = Names({"a.2"})
+    start = time.perf_counter()
+    got = [names.fresh("a") for _ in range(20000)]
+    assert time.perf_counter() - start < 2.0
+    assert got[:4] == ["a", "a.1", "a.3", "a.4"] and len(set(got)) == 20000
 
 def test_a_2000_deep_call_chain_does_not_recurse():
     lines = ["func @f0(%x: f64[2]) -> f64[2] {", "  %y = neg %x : f64[2]", "  return %y", "}"]

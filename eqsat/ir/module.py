@@ -166,13 +166,18 @@ class Names:
 
     def __init__(self, taken: set[str] | None = None):
         self.taken: set[str] = set(taken or ())
+        # The k each base last got: names are only ever added, so every `base.j` below it is
+        # still taken, and a base asked for n times costs O(n) in all, not O(n^2).
+        self._last: dict[str, int] = {}
 
     def fresh(self, base: str) -> str:
         """`base`, or the first free `base.k`; the result is taken from now on."""
-        name, k = base, 0
+        k = self._last.get(base, 0)
+        name = f"{base}.{k}" if k else base
         while name in self.taken:
             k += 1
             name = f"{base}.{k}"
+        self._last[base] = k
         self.taken.add(name)
         return name
 
