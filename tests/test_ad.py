@@ -364,6 +364,15 @@ def test_calls_deeper_than_the_recursion_limit():
     np.testing.assert_array_equal(gx, depth * seed)
 
 
+
+def test_a_declaration_built_in_python_reads_one_wrt_name_as_one_parameter():
+    # wrt="xy" was split into its letters: a silent gradient w.r.t. %x and %y.
+    m = parse("func @f(%x: f64[], %y: f64[], %xy: f64[]) -> f64[] {\n"
+              "  %a = mul %x, %xy : f64[]\n  %b = mul %a, %y : f64[]\n  return %b\n}\n")
+    d = differentiate(m.replace(m.items + (GradDecl("g", "grad", "f", "xy"),)))
+    assert d["g"].returns == ("xy.adj",)
+    assert run(d, "g", np.float64(2.0), np.float64(3.0), np.float64(5.0)) == [6.0]
+
 def test_seed_names_never_clash_with_values():
     m = parse("func @f(%x: f64[2]) -> f64[2] {\n  %seed.0 = exp %x : f64[2]\n"
               "  return %seed.0\n}\nfunc @v = vjp @f wrt %x\n")

@@ -155,7 +155,9 @@ class GradDecl:
     of_col: int = field(default=0, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "wrt", tuple(self.wrt))
+        # One name alone is one parameter, not its letters (wrt="xy" read as %x, %y).
+        wrt = (self.wrt,) if isinstance(self.wrt, str) else tuple(self.wrt)
+        object.__setattr__(self, "wrt", wrt)
 
 
 Item = Union[Function, GradDecl]
