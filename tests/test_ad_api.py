@@ -51,6 +51,8 @@ def test_wrt_by_position_and_default_all_float_params():
     every = grad(ad_loss)(x, w, y)
     assert len(every) == 3
     np.testing.assert_allclose(every[1], by_pos, rtol=1e-15)
+    # a numpy integer (np.argmax's, an array index) is a position too
+    np.testing.assert_array_equal(grad(ad_loss, wrt=np.int64(1))(x, w, y), by_pos)
 
 
 def test_value_and_grad_and_module_membership():

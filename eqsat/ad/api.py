@@ -10,6 +10,7 @@ every float parameter, in order (integer and bool parameters carry no gradient).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,6 +84,11 @@ def _wrt_names(kind: str, f: Function, wrt: Wrt) -> tuple[str, ...]:
     by_name = {p.name: p for p in params}
     out = []
     for w in items:
+        if not isinstance(w, (str, bool, int)) and hasattr(type(w), "__index__"):
+            try:
+                w = operator.index(w)  # a numpy integer is a position too
+            except TypeError:
+                pass
         if isinstance(w, bool) or not isinstance(w, (str, int)):
             raise VerifyError(f"eqsat.{kind}: wrt takes parameter names or positions, "
                               f"not {w!r}")
