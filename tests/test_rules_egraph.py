@@ -111,6 +111,41 @@ def test_default_rules_optimize_and_stay_equivalent():
     _same(m, out, "f", args)
 
 
+FOLD_ROUNDING = """func @f(%x: f32[2]) -> (f32[2], f32[2]) {
+  %one = const 1.0 : f32[2]
+  %tiny = const 9.313225746154785e-10 : f32[2]
+  %a = add %one, %tiny : f32[2]
+  %m1 = const -1.0 : f32[2]
+  %b = add %a, %m1 : f32[2]
+  %two = const 2.0 : f32[2]
+  %three = const 3.0 : f32[2]
+  %six = mul %two, %three : f32[2]
+  %c = mul %b, %six : f32[2]
+  %r = add %c, %x : f32[2]
+  %big = const 3e38 : f32[2]
+  %d = add %big, %big : f32[2]
+  %mbig = const -3e38 : f32[2]
+  %e = add %d, %mbig : f32[2]
+  %s = add %e, %x : f32[2]
+  return %r, %s
+}
+"""
+
+
+def test_folding_rounds_as_the_dtype_does():
+    """Folds compute in f64; an f32 result that f32 would round (1 + 2^-30, 3e38 + 3e38) must
+    not fold, or the next fold uses it unrounded: (1 + 2^-30) - 1 gave 2^-30 instead of 0,
+    (3e38 + 3e38) - 3e38 gave 3e38 instead of inf. Exact results (2 * 3) still fold."""
+    m = eqsat.parse(FOLD_ROUNDING)
+    eg, report = saturate(m, default(), Limits(iterations=10, nodes=20_000, seconds=10))
+    assert report.fired["fold_mul"] >= 1
+    out = eg.build(extract_tree(eg.serialize()))
+    x = np.zeros(2, np.float32)
+    r, s = interpret(out, "f", x)
+    np.testing.assert_array_equal(r, np.zeros(2, np.float32))
+    np.testing.assert_array_equal(s, np.full(2, np.inf, np.float32))
+
+
 def _sum_chain(k):
     lines = ["module @ac", "func @f(" + ", ".join(f"%x{i}: f32[2]" for i in range(k))
              + ") -> f32[2] {", "  %s0 = add %x0, %x1 : f32[2]"]

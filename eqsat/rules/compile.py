@@ -139,6 +139,7 @@ class _Compiler:
                 # a computed float never folds to a zero: egglog's f64 equality does not tell
                 # -0.0 from 0.0, so a zero result could join the class of the other zero
                 self.facts.append(f"(!= {lit} 0.0)")
+                self.exact_in(lit, dt)
             return f"({'ConstI' if is_int else 'ConstF'} {lit} {dt} {sh})"
         enc = schema.encodings()[p.op]
         args = [self.rhs(a) for a in p.args]
@@ -151,6 +152,21 @@ class _Compiler:
                 else self.dtype_of(p.args[0]))
             args += [dt, self.shape_of_written(p)]
         return f"({schema.ctor(p.op)} {' '.join(args)})"
+
+    def exact_in(self, value: str, dtype: str) -> None:
+        """Facts that a value computed in f64 is exactly a finite, normal value of `dtype`.
+
+        Folding computes in egglog's f64: an f32 result that needs rounding would be used
+        unrounded by the next fold ((1 + 2^-30) - 1 folds to 2^-30 where f32 gives 0), so it
+        does not fold. Veltkamp's split by 2^29 + 1 rounds to 24 significant bits, f32's
+        significand; a value it keeps is one. A single f32 operation's f64 result that fits
+        is also its correctly rounded f32 result (53 >= 2 * 24 + 2 bits: no double rounding).
+        """
+        c = self.bound(f"(* {value} (split-factor {dtype}))")
+        self.facts.append(f"(= {value} (- {c} (- {c} {value})))")
+        magnitude = self.bound(f"(abs {value})")
+        self.facts.append(f"(<= {magnitude} (max-finite {dtype}))")
+        self.facts.append(f"(>= {magnitude} (min-normal {dtype}))")
 
     def dtype_of_const(self, p: Node) -> str:
         attrs = p.attr

@@ -144,6 +144,15 @@ _HELPERS = f"""
 (int-dtype "i32")
 (int-dtype "i64")
 (int-dtype "bool")
+(function split-factor (String) f64 :no-merge)
+(set (split-factor "f32") 536870913.0)
+(set (split-factor "f64") 1.0)
+(function min-normal (String) f64 :no-merge)
+(set (min-normal "f32") 1.1754943508222875e-38)
+(set (min-normal "f64") 0.0)
+(function max-finite (String) f64 :no-merge)
+(set (max-finite "f32") 3.4028234663852886e+38)
+(set (max-finite "f64") 1.7976931348623157e+308)
 """
 
 
