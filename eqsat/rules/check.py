@@ -156,7 +156,12 @@ class _Instance:
         a = p.attr
         if p.op == "const":
             t = self.written_type(p, None, sibling)
-            value = self.value(a["value"])
+            literal = a["value"]
+            # as the compiled rule: an integer literal is a constant of an integer (or bool)
+            # dtype, any other value one of a float dtype; elsewhere the rule never fires
+            if (isinstance(literal, Num) and isinstance(literal.value, int)) == t.dtype.is_float:
+                raise _Reject
+            value = self.value(literal)
             if t.dtype is DType.bool:
                 value = bool(value)
             elif t.dtype.is_int:
