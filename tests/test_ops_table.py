@@ -350,6 +350,19 @@ def test_integer_pow_truncates_negative_exponents(dtype: DType):
     np.testing.assert_array_equal(got, np.array([0, -1, 1, 1, 0, 9, -8, 1], dtype.np))
 
 
+@pytest.mark.parametrize("dtype", [f32, f64], ids=str)
+def test_scalar_pow_of_a_half_is_pow_not_sqrt(dtype: DType):
+    """numpy computes a 0-d pow(x, 0.5) as sqrt(x): NaN at -inf and -0.0 at -0.0, where pow on
+    arrays (and the compiled code) gives inf and 0.0. A scalar follows the arrays."""
+    m = eqsat.parse(f"func @f(%x: {dtype}[]) -> {dtype}[] {{\n  %h = const 0.5 : {dtype}[]\n"
+                    f"  %r = pow %x, %h : {dtype}[]\n  return %r\n}}")
+    exe = eqsat.compile(m, optimize=False)
+    for x, want in ((-np.inf, np.inf), (-0.0, 0.0), (4.0, 2.0)):
+        got = interpret(m, "f", dtype.np.type(x))
+        assert got == want and not np.signbit(got), (x, got)
+        assert exe.f(dtype.np.type(x)) == got
+
+
 def test_float_div_by_zero_and_nan_propagation():
     x = np.array([1.0, -1.0, 0.0, np.nan], np.float32)
     y = np.array([0.0, 0.0, 0.0, 1.0], np.float32)

@@ -126,9 +126,14 @@ def _div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _pow(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """np.power element by element. Given a scalar exponent 0.5 (a 0-d array, a constant in a
+    fused body) numpy computes sqrt instead, whose values differ at -inf (NaN, not inf) and
+    -0.0 (-0.0, not 0.0): both operands go in as full arrays of at least one element."""
     if x.dtype.kind in "iu":
         return _int_pow(x, y)
-    return np.power(x, y)
+    shape = np.broadcast_shapes(x.shape, y.shape)
+    full = [np.ascontiguousarray(np.broadcast_to(a, shape)).reshape(-1) for a in (x, y)]
+    return np.power(*full).reshape(shape)
 
 
 def _float_const(x: np.ndarray, v: float) -> Any:
