@@ -30,3 +30,11 @@ def test_an_integer_literal_is_checked_on_integer_dtypes_only():
     with pytest.raises(eqsat.UnsoundRule, match="d2"):
         eqsat.rules.check(eqsat.rules.parse("rule d2: div(mul(?x, const(2)), const(2)) => ?x"),
                           examples=10)
+
+
+def test_integer_literal_rules_are_checked_on_integers():
+    """`const(2)` matches only int and bool constants in the e-graph; check drew ?x a float
+    four times in five and built a float 2.0 there, so an integer-only error went unseen."""
+    with pytest.raises(eqsat.UnsoundRule, match="int"):
+        eqsat.rules.check(eqsat.rules.parse(
+            "rule half: mul(div(?x, const(2)), const(2)) => ?x"), examples=5)

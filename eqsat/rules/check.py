@@ -156,19 +156,14 @@ class _Instance:
         a = p.attr
         if p.op == "const":
             t = self.written_type(p, None, sibling)
-            literal = a["value"]
-            # as the compiled rule: an integer literal is a constant of an integer (or bool)
-            # dtype, any other value one of a float dtype; elsewhere the rule never fires
-            if (isinstance(literal, Num) and isinstance(literal.value, int)) == t.dtype.is_float:
+            v = a["value"]
+            # as the e-graph encodes constants: an integer literal is an int or bool constant,
+            # anything else (2.0, ?c, a computed value) a float one; the rule meets no other
+            if (isinstance(v, Num) and isinstance(v.value, int)) == t.dtype.is_float:
                 raise _Reject
-            value = self.value(literal)
-            if t.dtype is DType.bool:
-                value = bool(value)
-            elif t.dtype.is_int:
-                if isinstance(value, float):
-                    raise _Reject
-            else:
-                value = float(value)
+            value = self.value(v)
+            value = bool(value) if t.dtype is DType.bool else (
+                float(value) if t.dtype.is_float else value)
             return self.emit("const", [], {"value": value}, t)
         args: list[str] = []
         sib = sibling if op.family in ("unary", "binary", "compare", "select") else None
