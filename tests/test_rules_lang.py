@@ -53,6 +53,15 @@ def test_rulesets_drop_rules_by_name():
     ("rule r neg(?x) => ?x", 1, 8, "expected ':'"),
     ("rule r: neg(?x) => ?x ?y", 1, 23, "after the rule"),
     ("rule r: ?x => neg(neg(?x))", 1, 9, "bare variable"),
+    ("rule r: neg(?x) => ?x if rank(?x) == f32", 1, 26, "compares an integer with a dtype"),
+    ("rule r: neg(?x) => ?x if shape(?x) < shape(?x)", 1, 26, "compares integers only"),
+    ("rule r: sub(?x, ?y) => ?x if ?x == ?y", 1, 30, "tensor. cannot be compared"),
+    ("rule r: mul(?x, const(?c)) => ?x if ?c > 0", 1, 37, "value. cannot be compared"),
+    ("rule r: neg(?x) => ?x if rank(?x) == 99999999999999999999", 1, 26, "64-bit"),
+    ("rule r: concat(?x, ?y, axis=99999999999999999999) => ?x", 1, 9, "axis= holds"),
+    ("rule r: neg(?x) => mul(?x, const(2**70, like=?x))".replace("2**70", str(2**70)), 1, 28,
+     "its value holds"),
+    ("rule r: sum(?x, axes=[0], axes=[1]) => ?x", 1, 9, "axes more than once"),
 ])
 def test_parse_errors_have_line_and_col(text, line, col, message):
     with pytest.raises(eqsat.ParseError, match=message.replace("?", r"\?")) as e:

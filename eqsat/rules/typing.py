@@ -41,6 +41,24 @@ def _operand_kinds(node: Node) -> list[frozenset[str]]:
     return [ANY] * n
 
 
+_I64 = 2**63  # egglog's integers are i64: a literal beyond them fails to load the rule
+
+
+def _ints(v: Any) -> list[int]:
+    """The integer literals in an attribute, const value or condition term."""
+    if isinstance(v, bool):
+        return []
+    if isinstance(v, int):
+        return [v]
+    if isinstance(v, Num):
+        return _ints(v.value)
+    if isinstance(v, (Arith, ShapeFn)):
+        return [i for a in v.args for i in _ints(a)]
+    if isinstance(v, tuple):
+        return [i for a in v for i in _ints(a)]
+    return []
+
+
 def _body_inputs(node: Node) -> int:
     """How many $i a kernel body of `node` reads: matmul_epi's $0 is the product."""
     return len(node.args) - 1 if node.op == "matmul_epi" else len(node.args)
@@ -112,6 +130,10 @@ class _Checker:
         if op.arity is not None and n != op.arity:
             raise self.fail(f"{p.op} takes {op.arity} operand(s), got {n}", p)
         self.attrs(p, lhs)
+        for key, v in p.attrs:
+            if any(abs(i) >= _I64 for i in _ints(v)):
+                what = "its value" if key == "value" else f"{key}="
+                raise self.fail(f"{p.op}: {what} holds an integer beyond the 64-bit range", p)
         kinds = [self.pattern(a, lhs, k) for a, k in zip(p.args, _operand_kinds(p))]
         result = self.result_kind(p, kinds)
         if not result & want:
@@ -140,6 +162,10 @@ class _Checker:
         op = OPS[p.op]
         specs = dict(op.attrs)
         written = op.written_type or p.op == "const"
+        keys = [k for k, _ in p.attrs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise self.fail(f"{p.op} is given {', '.join(twice)} more than once", p)
         for key, v in p.attrs:
             if key == "value" and p.op == "const":
                 self.value(v, lhs, p)
@@ -238,6 +264,8 @@ class _Checker:
 
     def cond(self, c: Cond) -> None:
         for side in (c.left, c.right):
+            if any(abs(i) >= _I64 for i in _ints(side.index if isinstance(side, Fn) else side)):
+                raise self.fail(f"{c} holds an integer beyond the 64-bit range", c)
             if isinstance(side, Fn):
                 sort = self.sorts.get(side.var.name)
                 if sort is None:
@@ -252,8 +280,39 @@ class _Checker:
                 if side.name not in self.sorts:
                     raise self.fail(f"variable ?{side.name} in the condition is not bound on "
                                     f"the left-hand side", side)
-        if c.op == "is_float" and self.sorts.get(c.left.name) != "tensor":
-            raise self.fail(f"is_float() needs a tensor variable, got ?{c.left.name}", c.left)
+        if c.op == "is_float":
+            if self.sorts.get(c.left.name) != "tensor":
+                raise self.fail(f"is_float() needs a tensor variable, got ?{c.left.name}",
+                                c.left)
+            return
+        left, right = self.cond_sort(c.left), self.cond_sort(c.right)
+        if c.op in ("==", "!=") and left != right:
+            raise self.fail(f"type error: {c} compares {_A_SORT[left]} with "
+                            f"{_A_SORT[right]}", c)
+        if c.op not in ("==", "!=") and (left, right) != ("int", "int"):
+            raise self.fail(f"type error: {c} orders {_A_SORT[left]} and {_A_SORT[right]}; "
+                            f"{c.op} compares integers only", c)
+
+    def cond_sort(self, t: Any) -> str:
+        """What a condition term is, as egglog compares it: an int, an int list or a dtype."""
+        if isinstance(t, Fn):
+            return _FN_SORT[t.name]
+        if isinstance(t, Var):
+            sort = self.sorts[t.name]
+            if sort not in _VAR_SORT:
+                raise self.fail(f"?{t.name} ({sort}) cannot be compared in a condition: compare "
+                                f"shape(?x), rank(?x), dim(?x, i), size(?x), dtype(?x), or an "
+                                f"attribute variable (repeat a tensor variable on the left to "
+                                f"ask for equal values)", t)
+            return _VAR_SORT[sort]
+        return "dtype" if isinstance(t, str) else "int"
+
+
+# What a condition compares: a term's sort in egglog (i64, IntVec, String)
+_FN_SORT = {"shape": "ints", "rank": "int", "dim": "int", "size": "int", "dtype": "dtype",
+            "len": "int"}
+_VAR_SORT = {"int": "int", "ints": "ints", "dtype": "dtype"}
+_A_SORT = {"int": "an integer", "ints": "an int list", "dtype": "a dtype"}
 
 
 def schema_sort(fn: str) -> str:
