@@ -109,6 +109,18 @@ func @g(%x: f32[3,4], %w: f32[4,3]) -> (f32[3,3], f32[]) {
         assert_equivalent(UNFUSED, other)
 
 
+def test_traced_functions_compare_and_misuse_is_an_eqsat_error():
+    @eqsat.function
+    def f(x: eqsat.f32[4]):
+        return eqsat.exp(x) * eqsat.exp(x)
+
+    assert_equivalent(f, eqsat.optimize(f), trials=3)
+    with pytest.raises(eqsat.Error, match="not str"):
+        assert_equivalent(F_UNFUSED, UNFUSED)
+    with pytest.raises(eqsat.Error, match="trials must be"):
+        assert_equivalent(UNFUSED, UNFUSED, trials=0)
+
+
 def test_gradient_declarations_are_compared_as_functions():
     src = """
 func @loss(%x: f32[4,3], %w: f32[3,2]) -> f32[] {

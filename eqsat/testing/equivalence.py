@@ -17,6 +17,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis.control import currently_in_test_context
 
+from ..errors import Error
+from ..ir.dsl import TracedFunction
 from ..ir.interpreter import interpret
 from ..ir.module import Function, Module
 from ..ir.types import DType
@@ -32,6 +34,16 @@ def _expanded(m: Module) -> Module:
     from ..ad import differentiate
 
     return differentiate(m)
+
+
+def _as_module(m: Any) -> Module:
+    """`m`, or the module of a traced function; anything else is an `eqsat.Error`."""
+    if isinstance(m, TracedFunction):
+        return m.module
+    if not isinstance(m, Module):
+        raise Error(f"assert_equivalent compares eqsat.Modules (or @eqsat.functions), not "
+                    f"{type(m).__name__}")
+    return m
 
 
 def _signature(f: Function) -> str:
@@ -101,8 +113,11 @@ def assert_equivalent(m1: Module, m2: Module, trials: int = 25, rtol: float = 1e
                       atol: float = 1e-5, low: float = -3.0, high: float = 3.0) -> None:
     """Check that every function of `m1` and `m2` computes the same on `trials` inputs drawn
     by hypothesis (floats in [low, high]); raises AssertionError naming the function, the
-    inputs and the largest error otherwise. Gradient declarations are expanded first."""
-    m1, m2 = _expanded(m1), _expanded(m2)
+    inputs and the largest error otherwise. Gradient declarations are expanded first.
+    A traced `@eqsat.function` stands for its own module."""
+    m1, m2 = _expanded(_as_module(m1)), _expanded(_as_module(m2))
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise Error(f"assert_equivalent: trials must be a whole number >= 1, got {trials!r}")
     f1 = {f.name: f for f in m1.functions}
     f2 = {f.name: f for f in m2.functions}
     if set(f1) != set(f2):
