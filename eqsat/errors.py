@@ -49,6 +49,11 @@ class UnknownFunction(Error, AttributeError):
         return cls(f"{owner} has no function @{name}; it has {have}")
 
 
+class UnknownOp(Error, AttributeError):
+    """An op name the table does not have, in the Python rule API (`op.foo`); also an
+    AttributeError, so `hasattr(op, "foo")` works."""
+
+
 class UnknownRule(Error, KeyError):
     """A rule name the RuleSet does not hold; also a KeyError, as a missing key of a mapping."""
 

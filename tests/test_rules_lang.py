@@ -188,3 +188,23 @@ def test_rule_names_and_sides_are_checked_when_built():
             Rule(name, "exp(?x)", "exp(?x)")
     with pytest.raises(eqsat.ParseError, match="must be a pattern"):
         Rule("a", 3, var("x"))
+
+
+def test_python_api_refuses_what_is_not_a_pattern_with_eqsat_errors():
+    x = var("x")
+    assert not hasattr(op, "fo") and hasattr(op, "tanh")
+    with pytest.raises(eqsat.Error, match="unknown op 'fo'"):
+        op.fo(x)
+    with pytest.raises(eqsat.ParseError, match="an operand must be a pattern"):
+        Rule("a", op.neg("x"), x)
+    for value in ["abc", None]:
+        with pytest.raises(eqsat.ParseError, match="takes one value"):
+            op.const(value, like=x)
+    with pytest.raises(eqsat.ParseError, match="takes a list"):
+        Rule("a", op.neg(x), op.broadcast(x, shape=(2.5,)))
+    with pytest.raises(eqsat.ParseError, match="holds Rules"):
+        RuleSet([1])
+    assert str(Rule("a", op.neg(x), op.const(True, like=x))) == \
+        "rule a: neg(?x) => const(1, like=?x)"
+    lift = Rule("lift", op.tanh(x), op.map(x, body="tanh($0)", like=x))
+    assert str(lift) == str(parse("rule lift: tanh(?x) => map(?x, body=tanh($0), like=?x)")["lift"])

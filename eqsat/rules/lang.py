@@ -35,9 +35,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ..errors import ParseError, UnknownRule
+from ..errors import ParseError, UnknownOp, UnknownRule
 from ..ir.ops import OPS
-from ..ir.scalar_expr import App, Arg, Lit, format_body
+from ..ir.scalar_expr import App, Arg, Lit, format_body, parse_body
 
 Pos = tuple[int, int]
 
@@ -304,6 +304,10 @@ class RuleSet:
     def __init__(self, rules: Iterable[Rule] = (), name: str = "rules"):
         self.name = name
         self.rules: tuple[Rule, ...] = tuple(rules)
+        for r in self.rules:
+            if not isinstance(r, Rule):
+                raise ParseError(f"a RuleSet holds Rules (eqsat.rules.parse(text) or "
+                                 f"Rule(name, lhs, rhs)), not {type(r).__name__}", 0, 0)
         seen: dict[str, Rule] = {}
         for r in self.rules:
             if r.name in seen:
@@ -412,14 +416,22 @@ class _OpBuilder:
 
     def __getattr__(self, name: str) -> Any:
         if name not in OPS:
-            raise AttributeError(f"unknown op {name!r}")
+            if name.startswith("__"):  # copy, inspect and doctest probe for these
+                raise AttributeError(name)
+            raise UnknownOp(f"unknown op {name!r} (known: {', '.join(sorted(OPS))})")
 
         def build(*args: Any, **attrs: Any) -> Node:
             if name == "const":
-                value = args[0]
+                value = args[0] if len(args) == 1 else None
+                if isinstance(value, bool):
+                    value = int(value)
+                if not isinstance(value, (Var, Arith, Num, int, float)):
+                    raise ParseError(f"op.const takes one value (a number or a var), got "
+                                     f"{args!r}", 0, 0)
                 value = value if isinstance(value, (Var, Arith, Num)) else Num(value)
                 return Node("const", (), (("value", value),) + tuple(attrs.items()))
-            fixed = tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())
+            fixed = tuple((k, tuple(v) if isinstance(v, list) else parse_body(v) if
+                           k == "body" and isinstance(v, str) else v) for k, v in attrs.items())
             return Node(name, tuple(args), fixed)
 
         return build

@@ -59,6 +59,12 @@ def _ints(v: Any) -> list[int]:
     return []
 
 
+def _int_list(v: Any) -> bool:
+    """Whether `v` is a literal int list attribute, `(1, 0)`."""
+    return isinstance(v, tuple) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in v)
+
+
 def _body_inputs(node: Node) -> int:
     """How many $i a kernel body of `node` reads: matmul_epi's $0 is the product."""
     return len(node.args) - 1 if node.op == "matmul_epi" else len(node.args)
@@ -113,6 +119,9 @@ class _Checker:
         self.kinds[v.name] = have
 
     def pattern(self, p: Pattern, lhs: bool, want: frozenset[str] = ANY) -> frozenset[str]:
+        if not isinstance(p, (Var, Node)):
+            raise self.fail(f"an operand must be a pattern (var(...) or op....(...)), not "
+                            f"{p!r}", self.rule)
         if isinstance(p, Var):
             self.bind(p, "tensor", lhs)
             self.constrain(p, want)
@@ -177,9 +186,9 @@ class _Checker:
                     self.bind(v, "ints" if kind == INTS else "int", lhs)
                 elif kind == INTS and isinstance(v, ShapeFn):
                     self.shape_fn(v, lhs)
-                elif kind == INTS and not isinstance(v, tuple):
+                elif kind == INTS and not _int_list(v):
                     raise self.fail(f"attribute {key} of {p.op} takes a list like [0,1]", p)
-                elif kind == INT and not isinstance(v, int):
+                elif kind == INT and (not isinstance(v, int) or isinstance(v, bool)):
                     raise self.fail(f"attribute {key} of {p.op} takes an integer", p)
                 elif kind == BODY:
                     problem = _body_problem(v, _body_inputs(p))
@@ -219,7 +228,7 @@ class _Checker:
                 self.bind(v, "ints", lhs)
             elif isinstance(v, ShapeFn):
                 self.shape_fn(v, lhs)
-            elif not isinstance(v, tuple):
+            elif not _int_list(v):
                 raise self.fail("shape= takes a list like [2,3] or a variable", p)
         elif isinstance(v, Var):
             self.bind(v, "dtype", lhs)
@@ -248,6 +257,8 @@ class _Checker:
 
     def value(self, v: Any, lhs: bool, where: Node) -> None:
         if isinstance(v, Num):
+            if isinstance(v.value, bool) or not isinstance(v.value, (int, float)):
+                raise self.fail(f"a const's value is a number, not {v.value!r}", where)
             return
         if isinstance(v, Var):
             self.bind(v, "value", lhs)
