@@ -38,3 +38,13 @@ def test_integer_literal_rules_are_checked_on_integers():
     with pytest.raises(eqsat.UnsoundRule, match="int"):
         eqsat.rules.check(eqsat.rules.parse(
             "rule half: mul(div(?x, const(2)), const(2)) => ?x"), examples=5)
+
+
+def test_slices_are_drawn_partial_too():
+    """A slice whose bounds the rule leaves open was always drawn whole, so dropping it
+    (`slice(?x, ...) => ?x`) passed."""
+    with pytest.raises(eqsat.UnsoundRule, match="drop_slice"):
+        eqsat.rules.check(eqsat.rules.parse(
+            "rule drop_slice: slice(?x, start=?a, stop=?b) => ?x if shape(?x) == ?b"))
+    eqsat.rules.check(eqsat.rules.parse(
+        "rule neg_slice: slice(neg(?x), start=?a, stop=?b) => neg(slice(?x, start=?a, stop=?b))"))

@@ -179,7 +179,8 @@ class _Instance:
         attrs = {}
         x = self.type_of(args[0], params) if args else None
         for key, kind in op.attrs:
-            attrs[key] = self.attr(a.get(key), lambda: self.random_attr(p.op, key, kind, x))
+            attrs[key] = self.attr(a.get(key), lambda: self.random_attr(p.op, key, kind, x,
+                                                                        attrs))
         t = self.written_type(p, x, sibling) if op.written_type else None
         if t is None:
             ins = [self.type_of(n, params) for n in args]
@@ -191,7 +192,10 @@ class _Instance:
                 raise _IllTyped(f"{p.op}: {e}", Module(), []) from None
         return self.emit(p.op, args, attrs, t)
 
-    def random_attr(self, op: str, key: str, kind: str, x: TensorType | None) -> Any:
+    def random_attr(self, op: str, key: str, kind: str, x: TensorType | None,
+                    drawn: dict[str, Any]) -> Any:
+        """A value for an attribute the rule leaves open; `drawn` holds the node's earlier
+        ones (a slice's stop follows its start)."""
         rank = x.rank if x is not None else self.rank
         if key == "perm":
             perm = list(range(rank))
@@ -199,8 +203,15 @@ class _Instance:
             return tuple(perm)
         if key == "axes":
             return tuple(i for i in range(rank) if self.rng.random() < 0.5)
-        if key in ("start", "stop") and x is not None:
-            return tuple(0 if key == "start" else d for d in x.shape)
+        if key == "start" and x is not None:  # a full slice half the time, else a part
+            return tuple(0 if self.rng.random() < 0.5 else self.rng.randrange(d)
+                         for d in x.shape)
+        if key == "stop" and x is not None:
+            start = drawn.get("start") or (0,) * x.rank
+            if len(start) != x.rank:
+                raise _Reject
+            return tuple(d if self.rng.random() < 0.5 else self.rng.randint(min(b + 1, d), d)
+                         for b, d in zip(start, x.shape))
         if kind == INT:
             return self.rng.randrange(max(rank, 1))
         if kind == INTS:
