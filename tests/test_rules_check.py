@@ -48,3 +48,21 @@ def test_slices_are_drawn_partial_too():
             "rule drop_slice: slice(?x, start=?a, stop=?b) => ?x if shape(?x) == ?b"))
     eqsat.rules.check(eqsat.rules.parse(
         "rule neg_slice: slice(neg(?x), start=?a, stop=?b) => neg(slice(?x, start=?a, stop=?b))"))
+
+
+@pytest.mark.parametrize("text", [
+    "rule big: matmul(matmul(?a, ?b), ?c) => matmul(?a, matmul(?b, ?c)) if dim(?a, 0) >= 64",
+    "rule many: sum(?x, axes=[0]) => sum(?x, axes=[0]) if size(?x) > 100",
+    "rule rank5: neg(neg(?x)) => ?x if rank(?x) == 5",
+    "rule perm6: transpose(?x, perm=[0,1,2,3,4,5]) => ?x",
+])
+def test_sound_rules_guarded_by_large_sizes_pass(text):
+    """Dims were drawn from 1 to 3 and ranks up to 4, so a rule guarded by a size or rank
+    beyond them had no instance and check refused it (CheckError)."""
+    eqsat.rules.check(eqsat.rules.parse(text), examples=10)
+
+
+def test_unsound_rules_guarded_by_large_sizes_are_caught():
+    with pytest.raises(eqsat.UnsoundRule, match="wide"):
+        eqsat.rules.check(eqsat.rules.parse(
+            "rule wide: add(?x, ?y) => add(?x, ?x) if dim(?x, -1) > 100"), examples=10)

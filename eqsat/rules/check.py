@@ -1,9 +1,9 @@
 """Property-based soundness check: instantiate each rule on random shapes and values, compare.
 
 For each rule, hypothesis draws a seed; from it the checker draws types for the left side's
-variables (small dims, shapes shared between variables often, so that guards and matmul chains
-are satisfiable), attributes left open, and values in [-4, 4] mixed with 0, -0, 1, -1 and
-tiny/negative numbers. Instances whose left side does not verify or whose condition is false
+variables (small dims, and around the sizes and ranks its conditions name; shapes shared
+between variables often, so that guards and matmul chains are satisfiable), attributes left
+open, and values in [-4, 4] mixed with 0, -0, 1, -1 and tiny/negative numbers. Instances whose left side does not verify or whose condition is false
 are redrawn. Both sides become IR functions, run by the reference interpreter, and are compared
 (float tolerance scaled to the magnitudes involved; NaN must match NaN). A right side that does
 not verify, or a difference, raises `UnsoundRule` with the rule name and the counterexample.
@@ -30,6 +30,7 @@ from ..ir.verifier import verify
 from .lang import Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
 
 _ATTEMPTS = 300
+_MAX_DIM, _MAX_RANK, _MAX_ELEMENTS = 4096, 6, 1 << 15
 _SPECIAL = (0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, 1e-3, -1e-3)
 
 
@@ -47,8 +48,33 @@ class _IllTyped(Exception):
         self.module, self.arrays = module, arrays
 
 
-def _random_shape(rng: random.Random, rank: int) -> tuple[int, ...]:
-    return tuple(rng.choice((1, 2, 3)) for _ in range(rank))
+def _random_shape(rng: random.Random, rank: int, big: tuple[int, ...] = ()
+                  ) -> tuple[int, ...]:
+    """Dims of 1 to 3, and now and then one of `big` (the sizes a rule's condition names)."""
+    return tuple(rng.choice(big) if big and rng.random() < 0.25 else rng.choice((1, 2, 3))
+                 for _ in range(rank))
+
+
+def _sizes(rule: Rule) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Dims and ranks beyond the usual draws that `rule` asks for: around the integers its
+    conditions compare with (`dim(?a, 0) >= 64`, `rank(?x) == 5`), and the ranks its literal
+    int lists imply (`perm=[0,1,2,3,4]`)."""
+    dims: list[int] = []
+    ranks: list[int] = []
+    for c in rule.conds:
+        for fn, i in ((c.left, c.right), (c.right, c.left)):
+            if isinstance(fn, Fn) and isinstance(i, int) and not isinstance(i, bool):
+                (ranks if fn.name in ("rank", "len") else dims).append(i)
+    lists: list[tuple[int, ...]] = []
+    stack: list[Any] = [rule.lhs, rule.rhs]
+    while stack:
+        p = stack.pop()
+        if isinstance(p, Node):
+            stack.extend(p.args)
+            lists += [v for _, v in p.attrs if isinstance(v, tuple)]
+    ranks += [len(t) for t in lists] + [max(t) + 1 for t in lists if t]
+    big = {d for i in dims if 3 < i <= _MAX_DIM for d in (i, i + 1)}
+    return tuple(sorted(big)), tuple(sorted({r for r in ranks if 4 < r <= _MAX_RANK}))
 
 
 class _Instance:
@@ -57,7 +83,8 @@ class _Instance:
     def __init__(self, rule: Rule, rng: random.Random):
         self.rule, self.rng = rule, rng
         self.sorts: dict[str, str] = rule.__dict__["sorts"]
-        self.rank = rng.choice((0, 1, 2, 2, 3, 4))
+        self.big, ranks = _sizes(rule)
+        self.rank = rng.choice((0, 1, 2, 2, 3, 4) + ranks)
         self.types: dict[str, TensorType] = {}
         self.attrs: dict[str, Any] = {}
         self.values: dict[str, float] = {}
@@ -71,7 +98,7 @@ class _Instance:
         if self.shapes and self.rng.random() < 0.6:
             return self.rng.choice(self.shapes)
         s = _random_shape(self.rng, self.rank if self.rng.random() < 0.7 else
-                          self.rng.choice((0, 1, 2, 3)))
+                          self.rng.choice((0, 1, 2, 3)), self.big)
         self.shapes.append(s)
         return s
 
@@ -215,7 +242,7 @@ class _Instance:
         if kind == INT:
             return self.rng.randrange(max(rank, 1))
         if kind == INTS:
-            return _random_shape(self.rng, rank)
+            return _random_shape(self.rng, rank, self.big)
         raise _Reject
 
     def written_type(self, p: Node, x: TensorType | None, sibling: TensorType | None
@@ -298,6 +325,8 @@ def _instantiate(rule: Rule, rng: random.Random) -> tuple[Module, list[np.ndarra
     if not all(inst.holds(c) for c in rule.conds):
         raise _Reject
     inst.body = []
+    if any(p.type.size > _MAX_ELEMENTS for p in params):
+        raise _Reject
     arrays = [_array(rng, p.type) for p in params]
     try:
         rhs_root = inst.build(rule.rhs, params, t if isinstance(rule.rhs, Node) and OPS[
@@ -340,13 +369,16 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True) -> None
         raise Error(f"check_rule takes a Rule, not {type(rule).__name__}")
     # here, not at module level: hypothesis costs ~0.1 s to import, and `import eqsat.rules`
     # (every optimize) must not pay it
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
 
     found = [0]
 
+    # generation only: shrinking or explaining a seed finds no simpler counterexample, only
+    # another seed, and each try may cost hundreds of draws (seconds on a failing rule)
     @settings(max_examples=examples, deadline=None, database=None, derandomize=derandomize,
-              suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+              phases=[Phase.explicit, Phase.generate])
     @given(st.integers(0, 2**32 - 1))
     def run(seed: int) -> None:
         rng = random.Random(seed)
