@@ -66,3 +66,19 @@ def test_unsound_rules_guarded_by_large_sizes_are_caught():
     with pytest.raises(eqsat.UnsoundRule, match="wide"):
         eqsat.rules.check(eqsat.rules.parse(
             "rule wide: add(?x, ?y) => add(?x, ?x) if dim(?x, -1) > 100"), examples=10)
+
+
+def test_comparison_operands_are_not_drawn_as_its_bool_result():
+    """A comparison under a select's condition passed its bool result type down as its
+    operands' type, so `add(?x, const(1))` there never typed and check refused the rule."""
+    eqsat.rules.check(eqsat.rules.parse(
+        "rule same: select(lt(?x, add(?x, const(1))), ?y, ?y) => ?y"))
+    with pytest.raises(eqsat.UnsoundRule, match="ill-typed"):  # minimum of bools
+        eqsat.rules.check(eqsat.rules.parse(
+            "rule sel_min: select(lt(?x, ?y), ?x, ?y) => minimum(?x, ?y)"))
+
+
+def test_integer_extremes_are_drawn():
+    """-x is x at the minimum of i32 and i64, so negation does not reverse an order there."""
+    with pytest.raises(eqsat.UnsoundRule, match="cmp_neg"):
+        eqsat.rules.check(eqsat.rules.parse("rule cmp_neg: lt(neg(?x), neg(?y)) => gt(?x, ?y)"))

@@ -104,7 +104,7 @@ class _Instance:
 
     def var_type(self, v: Var, kinds: set[str]) -> TensorType:
         if v.name not in self.types:
-            if kinds == {"bool"}:
+            if kinds == {"bool"} or "bool" in kinds and self.rng.random() < 0.1:
                 dt = DType.bool
             elif "float" in kinds:
                 dt = (self.dtype if self.rng.random() < 0.8 or "int" not in kinds
@@ -193,7 +193,8 @@ class _Instance:
                 float(value) if t.dtype.is_float else value)
             return self.emit("const", [], {"value": value}, t)
         args: list[str] = []
-        sib = sibling if op.family in ("unary", "binary", "compare", "select") else None
+        # operands share the result's type, except a comparison's (its result is bool)
+        sib = sibling if op.family in ("unary", "binary", "select") else None
         for k, arg in enumerate(p.args):
             hint = sib
             if p.op == "select" and k == 0:  # the condition: bool, of the select's shape
@@ -343,12 +344,13 @@ def _array(rng: random.Random, t: TensorType) -> np.ndarray:
     if t.dtype is DType.bool:
         data = [rng.random() < 0.5 for _ in range(n)]
     elif t.dtype.is_int:
-        # small values, or now and then any of the dtype's (integer arithmetic wraps around:
-        # `div(mul(?x, 2), 2) => ?x` is unsound where x * 2 overflows)
-        info = np.iinfo(t.dtype.np)
+        # small values, or now and then any of the dtype's, its extremes often (integer
+        # arithmetic wraps around: `div(mul(?x, 2), 2) => ?x` is unsound where x * 2
+        # overflows, `lt(neg(?x), neg(?y)) => gt(?x, ?y)` at the minimum, which -x keeps)
+        lo, hi = int(np.iinfo(t.dtype.np).min), int(np.iinfo(t.dtype.np).max)
         wide = rng.random() < 0.3
-        data = [rng.randint(int(info.min), int(info.max)) if wide else rng.randint(-5, 5)
-                for _ in range(n)]
+        data = [(rng.choice((lo, lo + 1, hi)) if rng.random() < 0.3 else rng.randint(lo, hi))
+                if wide else rng.randint(-5, 5) for _ in range(n)]
     else:
         data = [_draw_value(rng) for _ in range(n)]
     return np.array(data, dtype=t.dtype.np).reshape(t.shape)
