@@ -5,6 +5,7 @@ the adjoint, identities removed, elementwise chains fused), within its limits.""
 from __future__ import annotations
 
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -330,6 +331,19 @@ def test_tiny_limits_still_give_a_valid_program_no_costlier():
         assert_not_costlier(m, out)
         assert_equivalent(m, out, trials=3)
     assert optimize_with_report(m, limits=Limits(nodes=1))[1].rounds == 0
+
+
+def test_loading_stops_at_the_time_limit_and_keeps_the_input_without_a_warning():
+    """Loading counts against the time limit but ran to its end: a 1,000-op program took 2 s
+    to load under Limits(seconds=0.5) and then ran no round anyway."""
+    from large_programs import long_chain
+
+    m = eqsat.differentiate(parse(long_chain(100)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out, report = optimize_with_report(m, limits=Limits(seconds=0))
+    assert out == m and report.stop_reason == "time limit" and report.enodes_initial == 0
+    assert "time limit" in report.notes[0]
 
 
 def test_exploding_rules_stop_at_the_node_limit_and_keep_the_best_program():

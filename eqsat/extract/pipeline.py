@@ -28,10 +28,11 @@ from ..errors import Error
 from ..ir.module import Function, Module, Names, Stmt
 from ..ir.verifier import verify
 from ..rules.bridge import ENode as BridgeNode
+from ..rules.bridge import LoadTimeout
 from ..rules.bridge import Serialized
 from ..rules.bridge import bindings as _egglog
 from ..rules.lang import RuleSet
-from ..rules.runner import Limits, saturate
+from ..rules.runner import TIME_LIMIT, Limits, saturate
 from .choice import Extraction
 from .cost import CostModel, cost_model, function_costs
 from .egraph import FREE_OPS, EGraph, node_costs
@@ -90,9 +91,11 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
     before = function_costs(expanded, model)
     clock.lap("differentiate")
 
-    def keep_input(why: str) -> tuple[Module, OptimizeReport]:
+    def keep_input(why: str, warn: bool = True) -> tuple[Module, OptimizeReport]:
         report.notes.append(why)
-        warnings.warn(f"optimize kept the input program: {why}", OptimizeWarning, stacklevel=3)
+        if warn:
+            warnings.warn(f"optimize kept the input program: {why}", OptimizeWarning,
+                          stacklevel=3)
         report.functions = [FunctionResult(f.name, before[f.name], before[f.name], True, "-",
                                            0.0, False, 0) for f in expanded.functions]
         return expanded, report
@@ -101,6 +104,10 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
         return expanded, report
     try:
         eg, sat = saturate(expanded, rules, limits, progress)
+    except LoadTimeout as e:  # the limit as the user set it: the input is the best found
+        report.stop_reason = TIME_LIMIT
+        clock.lap("saturate")
+        return keep_input(str(e), warn=False)
     except (Error, EggSmolError) as e:
         # an op without an e-graph encoding, or a rule set egglog rejects: the input stands
         hint = (" (a rule equates values of different types; eqsat.rules.check finds it)"

@@ -25,6 +25,7 @@ import importlib.util
 import json
 import math
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,6 +91,10 @@ bindings = _load_bindings()
 
 class BridgeError(Error):
     """The module cannot go into the e-graph (e.g. it still holds gradient declarations)."""
+
+
+class LoadTimeout(Error):
+    """Loading the module into the e-graph outlasted the deadline it was given."""
 
 
 def _vec(values: tuple[int, ...] | list[int]) -> str:
@@ -162,7 +167,7 @@ _ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
 class EGraph:
     """A module loaded into egglog: the native e-graph plus what is needed to read it back."""
 
-    def __init__(self, module: Module):
+    def __init__(self, module: Module, deadline: float = math.inf):
         if module.grad_decls:
             raise BridgeError("the module still has gradient declarations; expand them with "
                               "eqsat.differentiate before loading it into an e-graph")
@@ -177,6 +182,9 @@ class EGraph:
         # module took 13 s in one program): fed in chunks, loading is linear
         lines = self._module_program().splitlines()
         for i in range(0, len(lines), LOAD_CHUNK):
+            if time.perf_counter() >= deadline:
+                raise LoadTimeout(f"loading the program into the e-graph took past the time "
+                                  f"limit ({i} of {len(lines)} lines loaded)")
             self.run("\n".join(lines[i:i + LOAD_CHUNK]))
         # Terms inside a statement's term (the 0.0 of a -0.0 constant's neg) get their types
         # from the analysis too, not only at the first saturation: a loaded graph is typed.
@@ -254,9 +262,10 @@ class EGraph:
         return _Builder(self, choices).module(name)
 
 
-def load(module: Module) -> EGraph:
-    """Load every function of a verified module (no gradient declarations) into an e-graph."""
-    return EGraph(module)
+def load(module: Module, deadline: float = math.inf) -> EGraph:
+    """Load every function of a verified module (no gradient declarations) into an e-graph;
+    `LoadTimeout` past `deadline` (a `time.perf_counter` value)."""
+    return EGraph(module, deadline)
 
 
 # ---------------------------------------------------------------- serialized JSON -> Python

@@ -199,8 +199,8 @@ def saturate(module: Module, rules: RuleSet, limits: Limits | None = None,
     """Load `module` (verified, gradients expanded) and saturate it with `rules`.
 
     Returns the e-graph handle (serialize it, or `build` a module from chosen nodes) and the
-    run report.
+    run report; `bridge.LoadTimeout` where loading alone outlasts the time limit.
     """
     start = time.perf_counter()  # loading counts against the time limit too
-    eg = load(module)
+    eg = load(module, start + (limits or Limits()).seconds)
     return eg, saturate_egraph(eg, rules, limits, progress, start)
