@@ -62,6 +62,7 @@ def test_rulesets_drop_rules_by_name():
     ("rule r: neg(?x) => mul(?x, const(2**70, like=?x))".replace("2**70", str(2**70)), 1, 28,
      "its value holds"),
     ("rule r: sum(?x, axes=[0], axes=[1]) => ?x", 1, 9, "axes more than once"),
+    ("analysis rule r: add(?x, ?y) => add(?y, ?x)", 1, 33, "must fold to a constant"),
 ])
 def test_parse_errors_have_line_and_col(text, line, col, message):
     with pytest.raises(eqsat.ParseError, match=message.replace("?", r"\?")) as e:

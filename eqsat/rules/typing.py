@@ -339,6 +339,11 @@ def check_rule(rule: Rule) -> dict[str, str]:
     if not isinstance(rule.lhs, Node):
         raise _err("the left-hand side must be an op pattern, not a bare variable", rule.lhs,
                    rule)
+    if rule.kind == "analysis" and not (isinstance(rule.rhs, Node) and rule.rhs.op == "const"):
+        # analysis rules run to their fixpoint, which Limits cannot bound: only folds end
+        raise _err("an analysis rule must fold to a constant (const(...) on the right): it "
+                   "runs to a fixpoint that no limit bounds; write `rule` for other rewrites",
+                   rule.rhs, rule)
     c = _Checker(rule)
     for _ in range(2):  # a second pass sees kinds that later operands constrained
         lhs_kind = c.pattern(rule.lhs, lhs=True)
