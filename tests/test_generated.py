@@ -6,8 +6,10 @@ import warnings
 from collections import Counter
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.errors import InvalidArgument
 
 import eqsat
 from eqsat.ir import DType, Module, interpret, ops, verify
@@ -81,3 +83,18 @@ def test_every_op_is_drawn_in_a_few_hundred_modules():
     missing = sorted(default_ops(include_call=True) - set(seen))
     assert not missing, f"never drawn: {missing}; counts {dict(seen)}"
     assert seen["call with several results"] > 0
+
+
+def test_inputs_take_a_traced_function_and_name_a_wrong_argument():
+    @eqsat.function
+    def f(x: eqsat.f32[4], n: eqsat.i32[2]):
+        return eqsat.exp(x)
+
+    @settings(max_examples=3, deadline=None)
+    @given(inputs(f))
+    def run(args: tuple[np.ndarray, ...]) -> None:
+        assert args[0].dtype == np.float32 and args[1].shape == (2,)
+
+    run()
+    with pytest.raises(InvalidArgument, match="takes a Function"):
+        inputs(eqsat.Module(f))

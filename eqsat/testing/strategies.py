@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
+from eqsat.ir.dsl import TracedFunction
 from eqsat.ir.module import Function, Module
 from eqsat.ir.ops import OPS
 from eqsat.ir.types import DType, TensorType
@@ -102,7 +103,13 @@ def modules(max_functions: int = 3, **kw) -> st.SearchStrategy[Module]:
 def inputs(function: Function, low: float = -3.0,
            high: float = 3.0) -> st.SearchStrategy[tuple[np.ndarray, ...]]:
     """Arrays of exactly `function`'s parameter types: floats finite in [low, high], ints in
-    [floor(low), ceil(high)], bools; ready for `interpret`."""
+    [floor(low), ceil(high)], bools; ready for `interpret`. A traced `@eqsat.function` stands
+    for its IR function."""
+    if isinstance(function, TracedFunction):
+        function = function.module[function.name]
+    if not isinstance(function, Function):
+        raise InvalidArgument(f"inputs() takes a Function (module['f']) or an @eqsat.function, "
+                              f"not {type(function).__name__}")
     if not low <= high:
         raise InvalidArgument(f"inputs() needs low <= high, got {low} and {high}")
     return st.tuples(*(_array(p.type, low, high) for p in function.params))
