@@ -97,6 +97,9 @@ def test_check_refuses_what_is_not_rules():
     with pytest.raises(eqsat.Error, match="check_rule takes a Rule"):
         check_rule("rule r: neg(neg(?x)) => ?x")
     check(list(parse("rule r: neg(neg(?x)) => ?x")), examples=5)  # a list of Rules is fine
+    for examples in (0, 2.5, True):
+        with pytest.raises(eqsat.Error, match="examples must be"):
+            check(parse("rule r: neg(neg(?x)) => ?x"), examples=examples)
 
 
 def test_sound_custom_rules_pass():

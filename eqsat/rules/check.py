@@ -369,6 +369,8 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True) -> None
     """Check one rule on `examples` random instances; raises UnsoundRule on a difference."""
     if not isinstance(rule, Rule):
         raise Error(f"check_rule takes a Rule, not {type(rule).__name__}")
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise Error(f"check: examples must be a whole number >= 1, got {examples!r}")
     # here, not at module level: hypothesis costs ~0.1 s to import, and `import eqsat.rules`
     # (every optimize) must not pay it
     from hypothesis import HealthCheck, Phase, given, settings
