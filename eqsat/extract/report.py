@@ -17,6 +17,7 @@ from typing import Any
 
 from ..ir.module import Function, Module
 from ..ir.ops import OPS
+from ..rules.fusion_pass import CREATES
 from ..rules.lang import Node, Pattern, RuleSet
 
 # Ops that only optimization makes and that run as one kernel of several core ops.
@@ -178,9 +179,12 @@ def _ops(p: Pattern) -> Counter:
 
 
 def creators(rules: RuleSet, fired: Counter, op: str) -> tuple[str, ...]:
-    """Rules that fired and have `op` on their right side more often than on their left."""
-    return tuple(r.name for r in rules if fired.get(r.name, 0) > 0
+    """Rules that fired and have `op` on their right side more often than on their left, and
+    the fusion pass's rules that fired and make `op`."""
+    made = tuple(r.name for r in rules if fired.get(r.name, 0) > 0
                  and _ops(r.rhs)[op] > _ops(r.lhs)[op])
+    return made + tuple(name for name, ops in CREATES.items()
+                        if fired.get(name, 0) > 0 and op in ops)
 
 
 def transpose_removers(rules: RuleSet, fired: Counter) -> tuple[str, ...]:

@@ -46,6 +46,15 @@ CHUNK = 64  # egglog commands per program
 
 RULES = ("fuse_canonical", "fuse_producer", "fuse_broadcast", "fuse_constant", "fuse_reduce",
          "fuse_epilogue")
+# the fused ops each of the pass's rules makes (for the optimization report's provenance)
+CREATES: dict[str, tuple[str, ...]] = {
+    "fuse_canonical": ("map",),
+    "fuse_producer": ("map", "map_reduce"),
+    "fuse_broadcast": ("map", "map_reduce"),
+    "fuse_constant": ("map", "map_reduce"),
+    "fuse_reduce": ("map_reduce",),
+    "fuse_epilogue": ("matmul_epi",),
+}
 
 
 @dataclass(frozen=True)
