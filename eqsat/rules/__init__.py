@@ -11,7 +11,7 @@ from .algebraic import algebraic
 from .bridge import EGraph, ENode, Serialized, extract_tree, load, roundtrip, usable_nodes
 from .check import CheckError, check, check_rule
 from .defaults import default
-from .lang import Rule, RuleSet, op, parse, parse_pattern, var
+from .lang import Rule, RuleSet, op, parse, parse_pattern, shape_fn, var
 from .layout import layout
 from .runner import Limits, Report, saturate, saturate_egraph
 
@@ -19,5 +19,5 @@ __all__ = [
     "CheckError", "algebraic", "check", "check_rule", "default", "layout",
     "EGraph", "ENode", "Limits", "Report", "Rule", "RuleSet", "Serialized", "extract_tree",
     "load", "op", "parse", "parse_pattern", "roundtrip", "saturate", "saturate_egraph",
-    "usable_nodes", "var",
+    "shape_fn", "usable_nodes", "var",
 ]
