@@ -212,3 +212,14 @@ def test_python_api_refuses_what_is_not_a_pattern_with_eqsat_errors():
         "rule a: neg(?x) => const(1, like=?x)"
     lift = Rule("lift", op.tanh(x), op.map(x, body="tanh($0)", like=x))
     assert str(lift) == str(parse("rule lift: tanh(?x) => map(?x, body=tanh($0), like=?x)")["lift"])
+
+
+def test_python_rules_compute_attributes_with_shape_fn():
+    from eqsat.rules import Rule, op, shape_fn, var
+
+    t = op.transpose(var("x"), perm=var("p"))
+    r = Rule("tinv", t, op.transpose(op.transpose(t, perm=shape_fn("inverse", var("p"))),
+                                     perm=var("p")))
+    assert str(r).endswith("perm=inverse(?p)), perm=?p)")
+    assert eqsat.rules.parse(str(r)).rules == (r,)
+    eqsat.rules.check(eqsat.rules.RuleSet([r]))
