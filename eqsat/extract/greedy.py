@@ -256,9 +256,9 @@ def improve_dag(graph: EGraph, costs: np.ndarray, sel: list[int], order: list[in
             for d in sorted(range(graph.num_classes), key=s.pos.__getitem__, reverse=True):
                 if s.ref[d] > 1 and s.try_eliminate(d, users[d]) < 0:
                     improved = True
-                elif (s.ref[d] == 0 and feasible[s.sel[d]] if s.sel[d] != -1 else False) and \
-                        len({c for c, _ in users[d] if s.ref[c]}) > 1 and \
-                        s.try_share(d, users[d]) < 0:
+                elif (s.ref[d] == 0 and s.sel[d] != -1 and feasible[s.sel[d]]
+                      and len({c for c, _ in users[d] if s.ref[c]}) > 1
+                      and s.try_share(d, users[d]) < 0):
                     improved = True
                 if time.perf_counter() > deadline:
                     return s.sel
