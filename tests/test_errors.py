@@ -141,6 +141,20 @@ def test_interpret_input_errors():
         eqsat.interpret(m, "g", x, x)
 
 
+def test_a_name_that_is_not_a_string_is_an_unknown_function():
+    # the name forgotten, an array first: not a TypeError from a dict lookup
+    m = eqsat.parse(fn("  %a = add %x, %y : f32[4]\n  return %a"))
+    import numpy as np
+
+    x = np.zeros(4, np.float32)
+    exe = eqsat.compile(m, optimize=False)
+    for call in (lambda: eqsat.interpret(m, x, x), lambda: exe(x, x), lambda: exe([1], x)):
+        with pytest.raises(eqsat.UnknownFunction, match="the name comes first"):
+            call()
+    with pytest.raises(eqsat.UnknownFunction, match="has no function"):
+        m[x]
+
+
 def test_arguments_by_parameter_name():
     # as a traced function's own call does, interpret and compiled functions bind keyword
     # arguments by parameter name; a wrong name is an eqsat error, not Python's TypeError

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..errors import Error, InterpretError
+from ..errors import Error, InterpretError, UnknownFunction
 from .dsl_trace import Tracer, active_trace, constant, describe, literal, trace_error, tracing
 from .interpreter import bind_arguments, interpret
 from .module import Function, GradDecl, Item, Module, Param, Stmt, _expand
@@ -57,10 +57,19 @@ def _closure(items: Iterable[Any]) -> tuple[Item, ...]:
     return tuple(out.values())
 
 
-def function_name(name: Any) -> Any:
+def function_name(name: Any) -> str:
     """`name`, or a traced function's own name (its Python name, or `name_2` ... when another
-    function took that first): callers may pass the function where a name is asked for."""
-    return name.name if isinstance(name, TracedFunction) else name
+    function took that first): callers may pass the function where a name is asked for.
+
+    Anything else is an `UnknownFunction` (an array passed first, the name forgotten, would
+    otherwise reach a dict lookup as an unhashable key and raise a TypeError)."""
+    if isinstance(name, TracedFunction):
+        return name.name
+    if not isinstance(name, str):
+        raise UnknownFunction(f"a function is named by a string or an @eqsat.function, got a "
+                              f"value of type {type(name).__name__}; the name comes first: "
+                              f"exe(\"f\", x, ...)")
+    return name
 
 
 class TracedFunction:

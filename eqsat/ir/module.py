@@ -231,7 +231,7 @@ class Module:
     def __getitem__(self, name: str) -> Item:
         try:
             return self._index[name]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable name
             raise UnknownFunction.among(f"module @{self.name}", name, self._index) from None
 
     def __contains__(self, name: object) -> bool:
