@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import eqsat
@@ -216,3 +217,22 @@ def test_verify_errors_point_at_parts_on_other_lines(text, at):
     with pytest.raises(VerifyError) as e:
         eqsat.parse(text)
     assert (e.value.line, e.value.col) == at
+
+
+@pytest.mark.parametrize("args, problem", [
+    (([1.5, 2.5], [True, False], [1.0, 2.0]), "integer parameter takes integers"),
+    (([1, 2], [1, 0], [1.0, 2.0]), "True and False only"),
+    (([2**40, 2], [True, False], [1.0, 2.0]), "out of i32's range"),
+    (([1, 2], [True, False], [1e39, 2.0]), "overflows f32"),
+    (([1, 2], [True, False], ["a", "b"]), "not as numbers"),
+])
+def test_python_inputs_that_would_change_value_are_refused(args, problem):
+    # numpy's conversion truncated 1.5 to 1, read 1/0 as bools, made 1e39 inf, 'a' True
+    m = eqsat.parse("func @f(%i: i32[2], %b: bool[2], %x: f32[2]) -> f32[2] {\n"
+                    "  %c = cast %i : f32[2]\n  %y = add %c, %x : f32[2]\n  return %y\n}")
+    exe = eqsat.compile(m, optimize=False)
+    for run in (lambda: eqsat.interpret(m, "f", *args), lambda: exe.f(*args)):
+        with pytest.raises(eqsat.Error, match=problem):
+            run()
+    ok = ([1, 2], [True, False], [0.5, 2])  # exact conversions stay accepted
+    np.testing.assert_array_equal(exe.f(*ok), eqsat.interpret(m, "f", *ok))

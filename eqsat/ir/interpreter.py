@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import Error, InterpretError
 from .module import Function, GradDecl, Module, Param
 from .ops import OPS
-from .types import TensorType
+from .types import DType, TensorType
 from .verifier import verify
 
 
@@ -68,16 +68,45 @@ def check_inputs(func: Function | Any, args: tuple[Any, ...], params=None) -> li
                     f"{arr.dtype} array of shape {arr.shape}; convert it with "
                     f".astype(np.{want.dtype.np.name})")
         else:
-            try:
-                arr = np.asarray(a, dtype=want.dtype.np)
-            except (TypeError, ValueError, OverflowError) as e:
-                raise InterpretError(f"argument {i + 1} of @{func.name} (%{p.name}) cannot be "
-                                     f"read as {want}: {e}") from None
+            arr = _from_python(a, want, f"argument {i + 1} of @{func.name} (%{p.name})")
         if arr.shape != want.shape:
             raise InterpretError(f"argument {i + 1} of @{func.name} (%{p.name}) must have shape "
                                  f"{list(want.shape)} ({want}), got {list(arr.shape)}")
         out.append(arr)
     return out
+
+
+def _from_python(a: Any, want: TensorType, what: str) -> np.ndarray:
+    """A Python number or (nested) list as an array of `want`'s dtype, refused where numpy's
+    conversion would change a value: a float for an integer or bool parameter (3.5 became 3),
+    an integer out of the dtype's range, anything but true/false for a bool, a finite value
+    that overflows a float dtype (1e39 as f32 is inf), strings and other objects."""
+    dt = want.dtype
+    try:
+        raw = np.asarray(a)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise InterpretError(f"{what} cannot be read as {want}: {e}") from None
+    kind = raw.dtype.kind
+    problem = None
+    if kind not in "biuf":
+        problem = f"numpy reads it as {raw.dtype}, not as numbers"
+    elif dt is DType.bool and kind != "b":
+        problem = "a bool parameter takes True and False only"
+    elif dt.is_int and kind == "f":
+        problem = "it holds floats; an integer parameter takes integers only"
+    elif dt.is_int and raw.size and kind in "iu":
+        info = np.iinfo(dt.np)
+        if int(raw.min()) < info.min or int(raw.max()) > info.max:
+            problem = f"a value is out of {dt}'s range [{info.min}, {info.max}]"
+    if problem is None:
+        with np.errstate(over="ignore"):
+            arr = raw.astype(dt.np)
+        if dt.is_float and kind == "f" and np.any(np.isinf(arr) & np.isfinite(raw)):
+            problem = f"a value overflows {dt} (it would become inf)"
+        else:
+            return arr
+    raise InterpretError(f"{what} cannot be read as {want}: {problem}; pass a numpy array of "
+                         f"dtype {dt.np.name} to convert on purpose")
 
 
 def _function(module: Module, name: str) -> Function:
