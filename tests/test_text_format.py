@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 from importlib import resources
 
 import numpy as np
@@ -79,6 +81,15 @@ def test_structural_equality_ignores_locations():
     parsed = eqsat.parse("module @c\nfunc @f(%x: f32[3]) -> f32[3] {\n%y = neg %x : f32[3]\nreturn %y\n}")
     assert built == parsed and hash(built) == hash(parsed)
     assert built != parsed.replace(name="d")
+
+
+def test_a_copied_negative_zero_equals_the_original():
+    """`-0.0 == -0.0` between two attribute values that are not the one object (a pickled or
+    deep-copied statement) compared the second with +0.0 and said no."""
+    m = eqsat.parse("func @f() -> f32[2] {\n  %c = const -0.0 : f32[2]\n  return %c\n}")
+    stmt = m["f"].body[0]
+    assert copy.deepcopy(stmt) == stmt and pickle.loads(pickle.dumps(stmt)) == stmt
+    assert stmt != Stmt(("c",), "const", (), (("value", 0.0),), (eqsat.f32[2],))
 
 
 def test_integer_literal_for_a_float_constant():

@@ -45,7 +45,8 @@ class _NegativeZero(float):
     __slots__ = ()
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, float) and other == 0.0 and math.copysign(1.0, other) < 0
+        # float(): `other == 0.0` on another -0.0 would call this method again, on 0.0
+        return isinstance(other, float) and float(other) == 0.0 and math.copysign(1.0, other) < 0
 
     def __ne__(self, other: object) -> bool:
         return not self.__eq__(other)
