@@ -83,6 +83,14 @@ def test_structural_equality_ignores_locations():
     assert built != parsed.replace(name="d")
 
 
+def test_modules_pickle_and_copy():
+    """A module goes to a worker process (multiprocessing pickles it) or through
+    copy.deepcopy; the immutable __setattr__ refused pickle's default slot by slot."""
+    m = eqsat.parse(resources.files("eqsat.examples").joinpath("mlp.eqir").read_text())
+    for copied in (pickle.loads(pickle.dumps(m)), copy.deepcopy(m), copy.copy(m)):
+        assert copied == m and str(copied) == str(m) and copied["loss_grad"] == m["loss_grad"]
+
+
 def test_a_copied_negative_zero_equals_the_original():
     """`-0.0 == -0.0` between two attribute values that are not the one object (a pickled or
     deep-copied statement) compared the second with +0.0 and said no."""

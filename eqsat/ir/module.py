@@ -223,6 +223,11 @@ class Module:
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError("Module is immutable; build a new one with replace() or Module(...)")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled and copied by name and items (pickle's default sets the slots one by one,
+        which __setattr__ refuses): a module can go to another process."""
+        return (Module.of, (self.name, self.items))
+
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Module) and (self.name, self.items) == (other.name, other.items)
 
