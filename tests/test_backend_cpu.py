@@ -3,6 +3,8 @@ checking, the LLVM IR it emits, threads, and the caches."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import threading
 import time
 from unittest import mock
@@ -328,6 +330,17 @@ def test_input_checking_and_fresh_outputs() -> None:
     np.testing.assert_array_equal(exe.f(wide), wide.T)
     r1, r2 = exe.f(x), exe.f(x)
     assert r1 is not r2 and not np.shares_memory(r1, r2)
+
+
+def test_executables_pickle_and_copy() -> None:
+    """An executable goes to a worker process (multiprocessing pickles it) or through
+    copy.deepcopy as its module, compiled again there; ctypes pointers refused pickling."""
+    exe = eqsat.compile(eqsat.parse("func @f(%x: f32[3]) -> f32[3] {\n  %y = exp %x : f32[3]\n"
+                                    "  return %y\n}"), optimize=False)
+    x = np.array([0.5, -1.0, 2.0], np.float32)
+    for copied in (pickle.loads(pickle.dumps(exe)), copy.deepcopy(exe), copy.copy(exe)):
+        assert copied.module == exe.module and copied.key == exe.key
+        np.testing.assert_array_equal(copied.f(x), exe.f(x))
 
 
 def test_gradient_declarations_are_refused() -> None:

@@ -128,5 +128,12 @@ class Executable:
         """The attributes and the callable functions (for tab completion)."""
         return sorted(set(super().__dir__()) | set(self._entries))
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (and copied) as its module, compiled again where it is loaded (a cache hit:
+        milliseconds): machine code and ctypes pointers cannot go to another process."""
+        from .cpu import compile_module
+
+        return (compile_module, (self.module,))
+
     def __repr__(self) -> str:
         return f"<eqsat.Executable @{self.module.name}: {', '.join(self.functions)}>"
