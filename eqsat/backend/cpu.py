@@ -13,6 +13,7 @@ import hashlib
 import json
 import sys
 import threading
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,7 +30,10 @@ if TYPE_CHECKING:
     from .entry import Plan
 
 _DEFAULT = object()
-_memory: dict[str, tuple[jit.Code, dict[str, Any]]] = {}
+# Loaded code lives while an Executable uses it: a process that compiles many programs (new
+# shapes in a server) kept every engine (~150 KB each) for good.
+_memory: weakref.WeakValueDictionary[str, jit.Code] = weakref.WeakValueDictionary()
+_layouts: weakref.WeakKeyDictionary[jit.Code, dict[str, Any]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -117,16 +121,18 @@ def _load_layout(directory: Path | None, key: str, module: Module) -> dict[str, 
 def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFAULT) -> Executable:
     """Compile a verified module of plain functions for this CPU.
 
-    Compiled code is cached in memory and under `cache_dir` (default ~/.cache/eqsat; None
-    turns the disk cache off), keyed by the module text, target and code generator.
+    Compiled code is cached in memory (while an Executable of it lives) and under `cache_dir`
+    (default ~/.cache/eqsat; None turns the disk cache off), keyed by the module text, target
+    and code generator.
     """
     module = plain_module(module, "compile_module")
     directory = jit.default_cache_dir() if cache_dir is _DEFAULT else (
         Path(cache_dir) if cache_dir is not None else None)
     key = cache_key(module)
     with _lock:
-        hit = _memory.get(key)
-        if hit is None:
+        code = _memory.get(key)
+        layout = _layouts.get(code) if code is not None else None
+        if code is None or layout is None:
             obj = jit.cache_load(directory, key)
             layout = _load_layout(directory, key, module) if obj is not None else None
             if obj is None or layout is None:
@@ -136,6 +142,6 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
                 # the layout first: an object without its layout is a miss, never a wrong call
                 cache.store(directory, f"{key}.layout.json", json.dumps(layout).encode())
                 jit.cache_store(directory, key, obj)
-            hit = _memory[key] = (jit.Code(obj, directory), layout)
-    code, layout = hit
+            code = _memory[key] = jit.Code(obj, directory)
+            _layouts[code] = layout
     return Executable(module, code, layout, key)
