@@ -4,7 +4,9 @@ checking, the LLVM IR it emits, threads, and the caches."""
 from __future__ import annotations
 
 import copy
+import os
 import pickle
+import signal
 import threading
 import time
 from unittest import mock
@@ -445,6 +447,37 @@ def test_disk_cache_hit_is_faster(tmp_path) -> None:
     t0 = time.perf_counter()
     compile_module(m, cache_dir=tmp_path)  # the memory cache
     assert time.perf_counter() - t0 < warm + 0.01
+
+
+@pytest.mark.parametrize("lock", ["compile", "llvmlite"])
+def test_a_child_forked_while_another_thread_compiles_can_compile(lock: str) -> None:
+    """A child forked while another thread held the compile lock (or llvmlite's, freeing an
+    engine) inherited it held by no thread: its first eqsat.compile hung for good (a
+    multiprocessing pool started beside a compiling thread). Fork now waits for both."""
+    import llvmlite.binding as llvm
+
+    held_lock = cpu._lock if lock == "compile" else llvm.ffi.lib._lock
+    m = parse(f"module @forked_{lock}\nfunc @f(%x: f32[4]) -> f32[4] {{\n"
+              "  %y = sqrt %x : f32[4]\n  return %y\n}")
+    held = threading.Event()
+
+    def compiling() -> None:
+        with held_lock:
+            held.set()
+            time.sleep(0.3)
+
+    t = threading.Thread(target=compiling)
+    t.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover (the child)
+        signal.alarm(20)
+        x = np.array([0.0, 1.0, 4.0, 9.0], np.float32)
+        ok = np.array_equal(compile_module(m, cache_dir=None).f(x), np.sqrt(x))
+        os._exit(0 if ok else 3)
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 def test_dir_lists_the_functions():

@@ -35,6 +35,7 @@ _DEFAULT = object()
 _memory: weakref.WeakValueDictionary[str, jit.Code] = weakref.WeakValueDictionary()
 _layouts: weakref.WeakKeyDictionary[jit.Code, dict[str, Any]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+jit.hold_across_fork(_lock)  # after jit's, which compiles take inside it
 
 
 def _retypes(s: Stmt, types: Mapping[str, TensorType]) -> bool:

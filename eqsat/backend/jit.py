@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes.util
 import functools
 import hashlib
+import os
 import re
 import threading
 from pathlib import Path
@@ -144,8 +145,22 @@ def compile_object(text: str) -> bytes:
     return target_machine().emit_object(optimize(text))
 
 
+def hold_across_fork(lock: threading.Lock | threading.RLock | None) -> None:
+    """Make os.fork wait for `lock` and give the child its own free: a child forked while
+    another thread held it (compiling, or freeing an engine) inherited it held by no thread of
+    its own, and its first compile hung; waiting also keeps the child's LLVM state from being
+    caught mid-call. Fork takes the locks in the reverse of this order: register an outer lock
+    after the ones taken inside it."""
+    if lock is not None and hasattr(os, "register_at_fork"):
+        os.register_at_fork(before=lock.acquire, after_in_parent=lock.release,
+                            after_in_child=lock.release)
+
+
+# llvmlite's own lock around every call into LLVM (private: where it is missing, not held)
+hold_across_fork(getattr(getattr(llvm.ffi.lib, "_lock", None), "_lock", None))
 _runtime: list["Code"] = []  # the thread pool's engine, kept alive for the process
 _runtime_lock = threading.Lock()
+hold_across_fork(_runtime_lock)
 
 
 def _bind_pool(directory: Path | None) -> None:
