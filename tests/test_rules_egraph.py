@@ -205,3 +205,35 @@ def test_loading_a_long_program_takes_time_linear_in_its_length():
     eg = load(m)
     assert time.perf_counter() - t0 < 4.0
     assert eg.size() >= 2002
+
+
+EXIT_WHILE_SATURATING = """
+import threading, time
+import eqsat
+text = "func @f(%x: f32[8]) -> f32[8] {\\n" + "".join(
+    f"  %v{i + 1} = add %v{i}, %x : f32[8]\\n" for i in range(60)).replace("%v0", "%x") \\
+    + "  return %v60\\n}"
+started = threading.Event()
+
+def saturate() -> None:
+    started.set()
+    while True:
+        eqsat.optimize(eqsat.parse(text), limits=eqsat.Limits(seconds=30))
+
+threading.Thread(target=saturate, daemon=True).start()
+started.wait()
+time.sleep(0.3)
+"""
+
+
+def test_exit_while_a_daemon_thread_saturates_is_clean():
+    """egglog releases the GIL; a daemon thread whose call returned while the interpreter was
+    finalizing was ended inside egglog's Rust frames and the process aborted (exit -6, or a
+    segfault) instead of exiting. Exit now waits for calls in flight."""
+    import subprocess
+    import sys
+
+    for _ in range(2):
+        done = subprocess.run([sys.executable, "-c", EXIT_WHILE_SATURATING], timeout=120,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
