@@ -144,6 +144,27 @@ def test_tiny_tasks_from_several_threads_and_a_forked_child():
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="fork and /proc")
+def test_a_child_forked_during_a_pooled_call_gets_workers_of_its_own():
+    # the child inherited the pool's busy flag, set by a thread it does not have, and ran
+    # every call serially; now it frees the flag at fork and starts workers on its first call
+    (code, run), counters = _counting_entry()
+    caller = threading.Thread(target=run, args=(400000, ctypes.addressof(counters)))
+    caller.start()
+    time.sleep(0.05)  # the caller is inside its (long) loop of pooled calls
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            run(2000, ctypes.addressof(counters))
+            ok = len(os.listdir("/proc/self/task")) > 1  # the pool's workers run here too
+        finally:
+            os._exit(0 if ok else 1)
+    caller.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
 @pytest.mark.parametrize("rows", [5, 1001])
 def test_chunked_extents_cover_every_row_once(rows: int) -> None:
     """Kernels whose extent is not a multiple of the chunks the threads take (1001 rows: a

@@ -10,6 +10,7 @@ import os
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 import llvmlite
 import llvmlite.binding as llvm
@@ -19,6 +20,7 @@ from . import blas
 
 POOL_SYMBOL = "eqsat_parallel"  # what kernels call to run on the pool (parallel.py)
 POOL_ENTRY = "eqsat.pool.run"  # the pool runtime's function bound to POOL_SYMBOL
+POOL_AFTER_FORK = "eqsat.pool.after_fork"  # run in a forked child: frees the pool's flag
 
 
 @functools.cache
@@ -159,6 +161,7 @@ def hold_across_fork(lock: threading.Lock | threading.RLock | None) -> None:
 # llvmlite's own lock around every call into LLVM (private: where it is missing, not held)
 hold_across_fork(getattr(getattr(llvm.ffi.lib, "_lock", None), "_lock", None))
 _runtime: list["Code"] = []  # the thread pool's engine, kept alive for the process
+_runtime_hooks: list[Any] = []  # its after-fork function as a ctypes callable, kept alive
 _runtime_lock = threading.Lock()
 hold_across_fork(_runtime_lock)
 
@@ -186,6 +189,10 @@ def _bind_pool(directory: Path | None) -> None:
         code = Code(obj)
         _runtime.append(code)
         llvm.add_symbol(POOL_SYMBOL, code.address(POOL_ENTRY))
+        if hasattr(os, "register_at_fork"):
+            after_fork = ctypes.CFUNCTYPE(None)(code.address(POOL_AFTER_FORK))
+            _runtime_hooks.append(after_fork)
+            os.register_at_fork(after_in_child=after_fork)
 
 
 class Code:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from llvmlite import ir
 
 from . import blas, settings
-from .jit import POOL_ENTRY, POOL_SYMBOL
+from .jit import POOL_AFTER_FORK, POOL_ENTRY, POOL_SYMBOL
 from .llvm_kernels import Kernel
 from .loops import for_range, i64
 from .scalar import I8, I32, I64, declare, internal_function
@@ -377,4 +377,12 @@ def runtime_ir(triple: str, data_layout: str) -> str:
         with alone:
             _serial(b, fn, ctxs, size, i64(0), n64)
     b.ret_void()
+
+    # A child forked while a caller used the workers inherits `busy` set by a thread it does
+    # not have: every call would then run serially. The child frees it; its first call sees
+    # another pid and starts workers of its own.
+    reset = ir.Function(m, ir.FunctionType(ir.VoidType(), []), POOL_AFTER_FORK)
+    rb = ir.IRBuilder(reset.append_basic_block("entry"))
+    rb.store(zero, busy)
+    rb.ret_void()
     return str(m)
