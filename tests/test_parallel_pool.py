@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import signal
 import sys
 import threading
 import time
@@ -156,13 +157,14 @@ def test_a_child_forked_during_a_pooled_call_gets_workers_of_its_own():
     if pid == 0:
         ok = False
         try:
+            signal.alarm(60)  # a hang fails the test rather than the whole run
             run(2000, ctypes.addressof(counters))
             ok = len(os.listdir("/proc/self/task")) > 1  # the pool's workers run here too
         finally:
             os._exit(0 if ok else 1)
-    caller.join()
+    caller.join(timeout=120)
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.waitstatus_to_exitcode(status) == 0 and not caller.is_alive()
 
 
 @pytest.mark.parametrize("rows", [5, 1001])
