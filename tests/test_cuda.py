@@ -397,3 +397,37 @@ def test_gpu_random_programs(data, m):
         except eqsat.Error:
             continue
         close(exe(f.name, *args), want, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork")
+def test_a_child_forked_while_ptx_is_emitted_can_emit_ptx():
+    """Fork waits for the NVPTX emitter's lock: a child forked while another thread held it
+    inherited it held by no thread of its own and hung on its first emit."""
+    import os
+    import signal
+    import threading
+
+    from eqsat.backend import nvptx_target
+
+    m = one("func @f(%x: f32[8]) -> f32[8] {\n  %y = exp %x : f32[8]\n  return %y\n}")
+    held = threading.Event()
+
+    def hold():
+        with nvptx_target._lock:  # as an emit in progress does
+            held.set()
+            threading.Event().wait(0.3)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait()
+    pid = os.fork()
+    if pid == 0:
+        ok = False
+        try:
+            signal.alarm(60)
+            ok = ".entry" in eqsat.emit(m, target="ptx")
+        finally:
+            os._exit(0 if ok else 1)
+    t.join()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

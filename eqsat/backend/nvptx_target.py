@@ -16,6 +16,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..errors import Error
+from .jit import hold_across_fork
 from .scalar import I32, I64, declare
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -30,6 +31,7 @@ FULL_MASK = 0xFFFFFFFF
 MAX_KERNEL_INPUTS = 256
 
 _lock = threading.Lock()
+hold_across_fork(_lock)  # a child forked while another thread emitted PTX hung on its first
 
 
 @functools.cache
