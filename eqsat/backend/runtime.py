@@ -118,6 +118,8 @@ class Executable:
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def __getattr__(self, name: str) -> Callable[..., np.ndarray | tuple[np.ndarray, ...]]:
+        """`exe.f` for function @f (`module`, `key` and `functions` are the executable's own
+        attributes: call functions of those names as `exe("module", ...)`)."""
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._entries:
