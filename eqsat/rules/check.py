@@ -32,6 +32,10 @@ from .lang import Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
 _ATTEMPTS = 300
 _MAX_DIM, _MAX_RANK, _MAX_ELEMENTS = 4096, 6, 1 << 15
 _SPECIAL = (0.0, -0.0, 1.0, -1.0, 0.5, -0.5, 2.0, 1e-3, -1e-3)
+# check(..., ieee=True) also draws these, per dtype: infinities, NaN, values whose products
+# overflow, and subnormals
+_IEEE = {np.dtype(np.float32): (np.inf, -np.inf, np.nan, 3e38, -3e38, 1e-40, -1e-40),
+         np.dtype(np.float64): (np.inf, -np.inf, np.nan, 1.7e308, -1.7e308, 5e-324, -5e-324)}
 
 
 class CheckError(Error):
@@ -306,13 +310,18 @@ class _Instance:
         return t
 
 
-def _draw_value(rng: random.Random) -> float:
+def _draw_value(rng: random.Random, dtype: np.dtype | None = None, ieee: bool = False) -> float:
+    """A float to draw: small multiples of 1/8, special values, and with `ieee` now and then
+    one of `dtype`'s infinities, NaN, huge or subnormal values."""
+    if ieee and dtype is not None and rng.random() < 0.15:
+        return rng.choice(_IEEE[dtype])
     if rng.random() < 0.3:
         return rng.choice(_SPECIAL)
     return rng.randint(-32, 32) / 8.0
 
 
-def _instantiate(rule: Rule, rng: random.Random) -> tuple[Module, list[np.ndarray]]:
+def _instantiate(rule: Rule, rng: random.Random, ieee: bool = False
+                 ) -> tuple[Module, list[np.ndarray]]:
     inst = _Instance(rule, rng)
     params: list[Param] = []
     root = inst.build(rule.lhs, params, None, lhs=True)
@@ -328,7 +337,7 @@ def _instantiate(rule: Rule, rng: random.Random) -> tuple[Module, list[np.ndarra
     inst.body = []
     if any(p.type.size > _MAX_ELEMENTS for p in params):
         raise _Reject
-    arrays = [_array(rng, p.type) for p in params]
+    arrays = [_array(rng, p.type, ieee) for p in params]
     try:
         rhs_root = inst.build(rule.rhs, params, t if isinstance(rule.rhs, Node) and OPS[
             rule.rhs.op].family in ("unary", "binary", "select") else None, lhs=False)
@@ -339,7 +348,7 @@ def _instantiate(rule: Rule, rng: random.Random) -> tuple[Module, list[np.ndarra
     return Module(lhs, rhs), arrays
 
 
-def _array(rng: random.Random, t: TensorType) -> np.ndarray:
+def _array(rng: random.Random, t: TensorType, ieee: bool = False) -> np.ndarray:
     n = t.size
     if t.dtype is DType.bool:
         data = [rng.random() < 0.5 for _ in range(n)]
@@ -352,7 +361,7 @@ def _array(rng: random.Random, t: TensorType) -> np.ndarray:
         data = [(rng.choice((lo, lo + 1, hi)) if rng.random() < 0.3 else rng.randint(lo, hi))
                 if wide else rng.randint(-5, 5) for _ in range(n)]
     else:
-        data = [_draw_value(rng) for _ in range(n)]
+        data = [_draw_value(rng, np.dtype(t.dtype.np), ieee) for _ in range(n)]
     return np.array(data, dtype=t.dtype.np).reshape(t.shape)
 
 
@@ -362,11 +371,22 @@ def _close(a: np.ndarray, b: np.ndarray, scale: float) -> bool:
     if a.dtype.kind != "f":
         return bool(np.array_equal(a, b))
     rtol = 1e-3 if a.dtype == np.float32 else 1e-9
-    return bool(np.allclose(a, b, rtol=rtol, atol=rtol * scale, equal_nan=True))
+    with np.errstate(all="ignore"):
+        finite = np.isfinite(a)
+        if not np.array_equal(finite, np.isfinite(b)):
+            return False
+        # inf, -inf and NaN must be the same on both sides, finite values close
+        if not np.array_equal(a[~finite], b[~finite], equal_nan=True):
+            return False
+        return bool(np.allclose(a[finite].astype(np.float64), b[finite].astype(np.float64),
+                                rtol=rtol, atol=rtol * scale))
 
 
-def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True) -> None:
-    """Check one rule on `examples` random instances; raises UnsoundRule on a difference."""
+def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True,
+               ieee: bool = False) -> None:
+    """Check one rule on `examples` random instances; raises UnsoundRule on a difference.
+    `ieee=True` also draws infinities, NaN, overflowing and subnormal floats (fast-math-like
+    rules such as distributivity then fail)."""
     if not isinstance(rule, Rule):
         raise Error(f"check_rule takes a Rule, not {type(rule).__name__}")
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
@@ -388,7 +408,7 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True) -> None
         rng = random.Random(seed)
         for _ in range(_ATTEMPTS):
             try:
-                module, arrays = _instantiate(rule, rng)
+                module, arrays = _instantiate(rule, rng, ieee)
                 break
             except _Reject:
                 continue
@@ -409,7 +429,8 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True) -> None
             mags = [np.max(np.abs(x)) for x in [left, right, *arrays]
                     if x.size and x.dtype.kind in "fi"]
             finite = [float(m) for m in mags if np.isfinite(m)]
-        scale = max([1.0] + finite) ** 2
+        largest = max([1.0] + finite)
+        scale = largest ** 2 if largest < 1e150 else 1e300
         if not _close(left, right, scale):
             raise UnsoundRule(f"rule {rule.name} is unsound: {rule}\n  counterexample: "
                               f"{_describe(module['lhs'], arrays)}\n  left side gives "
@@ -429,12 +450,16 @@ def _describe(f: Function, arrays: list[np.ndarray]) -> str:
     return ", ".join(f"?{p.name} = {_fmt(a)}" for p, a in zip(f.params, arrays)) or "no inputs"
 
 
-def check(ruleset: RuleSet | Rule, examples: int = 40, derandomize: bool = True) -> None:
-    """Check every rule of a rule set; raises `eqsat.UnsoundRule` naming the first wrong one."""
+def check(ruleset: RuleSet | Rule, examples: int = 40, derandomize: bool = True,
+          ieee: bool = False) -> None:
+    """Check every rule of a rule set; raises `eqsat.UnsoundRule` naming the first wrong one.
+    With `ieee=True` floats are also drawn infinite, NaN, huge and subnormal: rules that hold
+    for real numbers but not at those values (`mul(?x, const(0.0)) => const(0.0, like=?x)`,
+    distributivity) fail."""
     rules = [ruleset] if isinstance(ruleset, Rule) else (
         list(ruleset) if isinstance(ruleset, (RuleSet, list, tuple)) else None)
     if rules is None or not all(isinstance(r, Rule) for r in rules):
         raise Error(f"check takes a RuleSet, a Rule or a list of Rules (eqsat.rules.parse(text) "
                     f"makes a RuleSet), not {type(ruleset).__name__}")
     for rule in rules:
-        check_rule(rule, examples, derandomize)
+        check_rule(rule, examples, derandomize, ieee)
