@@ -60,3 +60,18 @@ def test_negated_sum_keeps_the_sign_of_an_exact_zero():
     want = eqsat.interpret(m, "f", x, -x)
     np.testing.assert_array_equal(eqsat.interpret(eqsat.optimize(m), "f", x, -x), want)
     np.testing.assert_array_equal(eqsat.compile(m)("f", x, -x), want)
+
+
+def test_ieee_rules_keep_numpys_values_at_inf_where_distributivity_does_not():
+    # a*b + a*c at a = inf, b = 1, c = 0 is inf + NaN = NaN; factored, a*(b + c) is inf
+    m = eqsat.parse("func @f(%a: f32[4], %b: f32[4], %c: f32[4]) -> f32[4] {\n"
+                    "  %p = mul %a, %b : f32[4]\n  %q = mul %a, %c : f32[4]\n"
+                    "  %s = add %p, %q : f32[4]\n  return %s\n}")
+    a, b, c = (np.full(4, v, np.float32) for v in (np.inf, 1.0, 0.0))
+    want = eqsat.interpret(m, "f", a, b, c)
+    assert np.isnan(want).all()
+    factored = eqsat.optimize(m)
+    assert np.isinf(eqsat.interpret(factored, "f", a, b, c)).all()  # README: fast-math-like
+    exact = eqsat.optimize(m, rules=eqsat.rules.default(ieee=True))
+    assert np.isnan(eqsat.interpret(exact, "f", a, b, c)).all()
+    assert np.isnan(eqsat.compile(exact, optimize=False).f(a, b, c)).all()
