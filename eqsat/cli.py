@@ -187,14 +187,15 @@ def parse_limits(text: str) -> Limits:
 
 
 def _load_rules(paths: list[str]) -> RuleSet | None:
-    """The rule files (or "default") added together; None after reporting a parse error."""
+    """The rule files (or "default", or "ieee": the built-in set without the rules that change
+    results at inf, NaN or overflow) added together; None after reporting a parse error."""
     from .rules import default
     from .rules import parse as parse_rules
 
     rules = None
     for path in paths:
-        if path == "default":
-            more = default()
+        if path in ("default", "ieee"):
+            more = default(ieee=path == "ieee")
         else:
             try:
                 text = Path(path).read_text()
@@ -280,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the cost model to optimize for (default cpu)")
     o.add_argument("--rules", metavar="FILE", action="append",
                    help="rule text to saturate with instead of the built-in rules; repeatable, "
-                   "'default' names the built-in set")
+                   "'default' names the built-in set, 'ieee' the built-in set without the rules "
+                   "that change results at inf, NaN or overflow")
     o.add_argument("--limits", metavar="SPEC",
                    help="saturation bounds, e.g. iterations=8,nodes=20000,seconds=5")
     o.add_argument("--method", choices=("auto", "ilp", "greedy", "tree"), default="auto",

@@ -80,6 +80,10 @@ def test_opt_with_a_rule_file_and_the_default_set(tmp_path, capsys):
     assert "nn=" in cap.err
     assert main(["opt", str(src), "--rules", str(rules), "--rules", "default"]) == 0
     assert [s.op for s in parse(capsys.readouterr().out)["f"].body] == ["add"]
+    # 'ieee': the built-in set without the rules that change results at inf and NaN
+    assert main(["opt", str(src), "--rules", "ieee", "--report"]) == 0
+    cap = capsys.readouterr()
+    assert [s.op for s in parse(cap.out)["f"].body] == ["add"] and "factor_" not in cap.err
 
 
 def test_opt_limits(capsys):
