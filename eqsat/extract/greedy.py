@@ -7,7 +7,9 @@
 2. `improve_dag`: switches one class at a time to another of its nodes when that lowers the
    DAG cost of the whole selection (all roots at once, a shared value paid once). Reference
    counts make each trial cost only the part of the program it changes; a topological position
-   per class makes most cycle checks O(children).
+   per class makes most cycle checks O(children). Where no single switch helps, two compound
+   moves switch several classes at once: dropping a shared value all its readers can do
+   without, and computing an unused value once for all the classes that can read it.
 """
 
 from __future__ import annotations
