@@ -71,6 +71,9 @@ class _Selection:
         self.own = [float(c) for c in costs]
         self.kids = [n.children for n in graph.nodes]
         self.sel = sel
+        # nodes whose every child class has a program: the only ones a switch may pick
+        self.feasible = [all(sel[d] != -1 for d in ks) for ks in self.kids]
+        self.unordered = False  # whether the last `switch` left the topological order
         self.pos = [0] * graph.num_classes
         for p, c in enumerate(order):
             self.pos[c] = p
@@ -237,7 +240,7 @@ def improve_dag(graph: EGraph, costs: np.ndarray, sel: list[int], order: list[in
     """Local search on the DAG cost from a full acyclic choice `sel`; returns the improved
     choice (every class keeps a choice, reachable or not)."""
     s = _Selection(graph, costs, list(sel), order)
-    feasible = s.feasible = [all(sel[d] != -1 for d in n.children) for n in graph.nodes]
+    feasible = s.feasible
     users: list[list[tuple[int, int]]] = [[] for _ in range(graph.num_classes)]
     for i, n in enumerate(graph.nodes):
         for d in set(n.children):
