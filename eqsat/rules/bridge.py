@@ -20,17 +20,13 @@ computes that set and `extract_tree` is a simple tree-cost extractor built on it
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import importlib.abc
 import importlib.util
 import json
 import math
-import os
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +39,7 @@ from ..ir.ops import INTS
 from ..ir.types import DTYPES, TensorType
 from ..ir.verifier import verify
 from . import schema
+from .in_flight import egglog_call
 
 
 def _load_bindings() -> Any:
@@ -168,48 +165,6 @@ LOAD_CHUNK = 300
 _ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
 
 
-class _InFlight:
-    """The calls into egglog running now. At interpreter exit it waits for them and holds back
-    new ones: egglog releases the GIL, and a daemon thread whose call returned while the
-    interpreter was finalizing was ended inside egglog's Rust frames (pthread_exit), which
-    aborted the whole process ("FATAL: exception not rethrown", or a segfault)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._count = 0
-        self._closed = False
-        atexit.register(self.drain)
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=self._forget)
-
-    def _forget(self) -> None:
-        """In a forked child: the parent's calls do not run here, so exit must not wait."""
-        self._cond = threading.Condition()
-        self._count = 0
-
-    @contextlib.contextmanager
-    def call(self) -> Iterator[None]:
-        """Around one call into egglog; after `drain` it never starts."""
-        with self._cond:
-            self._cond.wait_for(lambda: not self._closed)
-            self._count += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._count -= 1
-                self._cond.notify_all()
-
-    def drain(self) -> None:
-        """Hold back new calls and wait for those running to return."""
-        with self._cond:
-            self._closed = True
-            self._cond.wait_for(lambda: self._count == 0)
-
-
-_in_flight = _InFlight()
-
-
 class EGraph:
     """A module loaded into egglog: the native e-graph plus what is needed to read it back."""
 
@@ -238,7 +193,7 @@ class EGraph:
 
     def run(self, program: str) -> list[Any]:
         """Run egglog program text on the e-graph; returns egglog's outputs."""
-        with _in_flight.call():
+        with egglog_call():
             return self.native.run_program(*self.native.parse_program(program))
 
     def analyze(self) -> list[Any]:
@@ -300,7 +255,7 @@ class EGraph:
         """Snapshot the e-graph as plain Python (nodes, e-classes, types, roots)."""
         span = bindings.PanicSpan()
         roots = [bindings.Var(span, let) for lets in self.root_lets.values() for let in lets]
-        with _in_flight.call():
+        with egglog_call():
             text = self.native.serialize(roots).to_json()
         data = json.loads(text)
         return _decode(data, self)

@@ -1,0 +1,56 @@
+"""The calls into egglog running now, so that the interpreter's exit waits for them.
+
+egglog releases the GIL while it runs. A daemon thread (a server's background optimization)
+whose call returned while the interpreter was finalizing was ended inside egglog's Rust frames,
+which aborted the whole process; `egglog_call` wraps every call, and exit drains them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+
+class InFlight:
+    """A count of calls under way: at interpreter exit it waits for them and holds back new
+    ones (a call that returned during finalization ended its thread with pthread_exit inside
+    Rust: "FATAL: exception not rethrown", or a segfault)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._count = 0
+        self._closed = False
+        atexit.register(self.drain)
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        """In a forked child: the parent's calls do not run here, so exit must not wait."""
+        self._cond = threading.Condition()
+        self._count = 0
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """Around one call into egglog; after `drain` it never starts."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._closed)
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._count -= 1
+                self._cond.notify_all()
+
+    def drain(self) -> None:
+        """Hold back new calls and wait for those running to return."""
+        with self._cond:
+            self._closed = True
+            self._cond.wait_for(lambda: self._count == 0)
+
+
+_calls = InFlight()
+egglog_call = _calls.call
