@@ -131,9 +131,10 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
         Path(cache_dir) if cache_dir is not None else None)
     key = cache_key(module)
     with _lock:
-        code = _memory.get(key)
-        layout = _layouts.get(code) if code is not None else None
-        if code is None or layout is None:
+        code = _memory.get(key)  # its layout lives in _layouts exactly as long as it does
+        if code is not None:
+            layout = _layouts[code]
+        else:
             obj = jit.cache_load(directory, key)
             layout = _load_layout(directory, key, module) if obj is not None else None
             if obj is None or layout is None:
