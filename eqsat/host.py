@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 
 MAX_THREADS = 16  # the CPU backend's pool never starts more threads than this
+# Bytes plus simple operations (the op table's element_cost) below which a CPU kernel runs on
+# the calling thread alone: waking a sleeping worker takes ~10-30 us. The cost model prices
+# such kernels at one core's rate. Measured with back-to-back calls (2 threads; single /
+# threaded): an add of 64k floats (0.85M) 11.7 / 12.4 us, exp of 64k (1.5M) 18.4 / 14.9,
+# 64x784 @ 784x10 (1.7M) 20.9 / 17.0, 256k adds (3.4M) 31 / 23; the demo's training step
+# 68 -> 44 us, larger workloads unchanged.
+PARALLEL_MIN_WORK = 1 << 20
 
 
 def usable_cores() -> int:

@@ -10,8 +10,9 @@ import eqsat
 from eqsat.extract import (CUDA, TARGETS, EGraph, Roofline, Work, cost_model, function_costs,
                            module_cost, node_costs, work)
 from eqsat.extract import machine
-from eqsat.extract.cost import OVERLAP, body_flops
+from eqsat.extract.cost import LANE_FLOPS, OVERLAP, body_flops
 from eqsat.ir import DType
+from eqsat.ir.ops import element_cost
 
 f32 = DType.f32
 
@@ -78,13 +79,25 @@ def test_fused_map_is_cheaper_than_its_unfused_chain(model):
     n = 1024 * 1024
     w_fused = work("map", mod(FUSED)["f"].body[0].attr, [f32[1024, 1024]] * 2, [f32[1024, 1024]])
     assert w_fused.bytes == 3 * 4 * n and w_fused.kernels == 1
-    assert w_fused.flops == (1 + 20 + 1) * n
+    assert w_fused.flops == LANE_FLOPS * (1 + element_cost("tanh") + 1) * n
 
 
 def test_transcendentals_weigh_more_than_adds():
     t = [f32[64]]
-    assert work("exp", {}, t, t).flops > 10 * work("add", {}, t * 2, t).flops
+    assert work("exp", {}, t, t).flops > 5 * work("add", {}, t * 2, t).flops
     assert work("tanh", {}, t, t).flops >= work("exp", {}, t, t).flops
+    # the generated sin reduces its argument at length: over four exps (measured)
+    assert work("sin", {}, t, t).flops > 4 * work("exp", {}, t, t).flops
+
+
+def test_f64_work_costs_more_than_f32():
+    """Half the lanes per vector, and longer polynomials for the transcendentals."""
+    f64 = DType.f64
+    for op in ("add", "exp", "tanh", "sin"):
+        wide, narrow = work(op, {}, [f64[64]], [f64[64]]), work(op, {}, [f32[64]], [f32[64]])
+        assert wide.flops >= 2 * narrow.flops
+    assert work("matmul", {}, [f64[8, 16], f64[16, 4]], [f64[8, 4]]).flops == 2 * 2 * 8 * 16 * 4
+    assert work("sum", {"axes": (0,)}, [f64[64]], [f64[()]]).flops == 2 * LANE_FLOPS * 64
 
 
 def test_views_are_free_and_transpose_costs_its_bytes():
@@ -116,7 +129,7 @@ def test_map_reduce_and_epilogue_work():
       %s = map_reduce %x, %y, body=mul($0, $1), reduce=sum, axes=[1] : f32[8]
       return %s
     }""")["f"].body[0].attr["body"]}, [f32[8, 4], f32[4]], [f32[8]])
-    assert w.flops == 2 * 32 and w.bytes == 4 * (32 + 4 + 8) and w.kernels == 1
+    assert w.flops == LANE_FLOPS * 2 * 32 and w.bytes == 4 * (32 + 4 + 8) and w.kernels == 1
     epi = mod("""
     func @f(%x: f32[128,64], %w: f32[64,10], %b: f32[10]) -> f32[128,10] {
       %h = matmul_epi %x, %w, %b, ta=0, tb=0, body=relu(add($0, $1)) : f32[128,10]
@@ -124,7 +137,7 @@ def test_map_reduce_and_epilogue_work():
     }""")
     body = epi["f"].body[0].attr
     w = work("matmul_epi", body, [f32[128, 64], f32[64, 10], f32[10]], [f32[128, 10]])
-    assert w.flops == 2 * 128 * 64 * 10 + 2 * 128 * 10
+    assert w.flops == 2 * 128 * 64 * 10 + LANE_FLOPS * 2 * 128 * 10
     assert w.bytes == 4 * (128 * 64 + 64 * 10 + 10 + 128 * 10)
 
 
@@ -217,6 +230,9 @@ def test_a_damaged_or_foreign_cache_is_measured_again(tmp_path, monkeypatch):
     assert machine.cpu_rates(tmp_path) == fake
     path.write_text(json.dumps({"gflops": 5.0, "bandwidth_gbs": 5.0, "key": "another machine"}))
     assert machine.cpu_rates(tmp_path) == fake
+    # a file of an older eqsat, without the cache's rate, is measured again
+    path.write_text(json.dumps({"gflops": 5.0, "bandwidth_gbs": 5.0, "key": machine.machine_key()}))
+    assert machine.cpu_rates(tmp_path) == fake
     assert machine.cpu_rates(tmp_path / "missing" / "dir") == fake
 
 
@@ -237,6 +253,43 @@ def test_roofline_charges_a_share_of_the_lesser_term():
             memory + OVERLAP * 1e6 / model.peak_flops + model.launch)
 
 
+def test_small_kernels_get_one_core_and_cached_bytes_the_cache_bandwidth():
+    """The CPU backend keeps a kernel whose bytes plus simple operations are under its
+    threading threshold on the calling thread: one core's share of the peak. A kernel whose
+    bytes fit in the cache reads what the kernel before it left there."""
+    model = Roofline("two cores", peak_flops=100e9, bandwidth=20e9, launch=0.0, cores=2,
+                     serial_work=1e6, cache_bytes=1e6, cache_bandwidth=80e9)
+    small = Work(flops=4e5, bytes=4e5, kernels=1)  # 4e5 bytes + 2e5 operations: serial
+    compute, memory = 4e5 / 50e9, 4e5 / 80e9
+    assert model.seconds(small) == pytest.approx(max(compute, memory)
+                                                 + OVERLAP * min(compute, memory))
+    large = Work(flops=4e7, bytes=4e7, kernels=1)
+    compute, memory = 4e7 / 100e9, 4e7 / 20e9
+    assert model.seconds(large) == pytest.approx(memory + OVERLAP * compute)
+    for bad in ({"cores": 0}, {"serial_work": -1.0}, {"cache_bytes": float("nan")},
+                {"cache_bytes": 1e6, "cache_bandwidth": 0.0}):
+        with pytest.raises(eqsat.Error, match="Roofline 'x'"):
+            Roofline("x", peak_flops=1e9, bandwidth=1e9, launch=0.0, **bad)
+
+
+def test_cpu_model_knows_the_cores_the_threshold_and_the_cache():
+    from eqsat.host import PARALLEL_MIN_WORK, usable_cores
+
+    model = cost_model("cpu")
+    rates = machine.cpu_rates()
+    assert model.cores == usable_cores() and model.serial_work == PARALLEL_MIN_WORK
+    assert model.cache_bytes == rates.cache_bytes > 0
+    assert model.cache_bandwidth == rates.cache_bandwidth_gbs * 1e9 >= model.bandwidth
+
+
+def test_last_level_cache_is_the_largest_size_sysfs_lists(tmp_path):
+    for index, size in enumerate(["32K", "1024K", "32768K", "garbage"]):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert machine.last_level_cache(tmp_path) == 32 * 2**20
+    assert machine.last_level_cache(tmp_path / "missing") == machine._DEFAULT_LLC
+
+
 def test_row_invariant_subterms_cost_once_per_row():
     """rsqrt of a per-row value is hoisted out of the row loop by the code generator: it costs
     once per row, the per-element product once per element."""
@@ -246,10 +299,12 @@ def test_row_invariant_subterms_cost_once_per_row():
       return %y
     }""")["f"].body[0].attr["body"]
     ins = [f32[256, 512], f32[256, 1]]
-    assert body_flops(body, ins, (256, 512)) == 256 * 512 * 1 + 256 * 4
+    rsqrt = element_cost("rsqrt")
+    assert body_flops(body, ins, (256, 512)) == 256 * 512 * 1 + 256 * rsqrt
     # a column vector varies along the rows only; a row vector along the last axis
-    assert body_flops(body, [f32[256, 512], f32[512]], (256, 512)) == 256 * 512 * 5
-    assert work("map", {"body": body}, ins, [f32[256, 512]]).flops == 256 * 512 + 256 * 4
+    assert body_flops(body, [f32[256, 512], f32[512]], (256, 512)) == 256 * 512 * (1 + rsqrt)
+    assert work("map", {"body": body}, ins, [f32[256, 512]]).flops == LANE_FLOPS * (
+        256 * 512 + 256 * rsqrt)
 
 
 def test_every_layer_counts_the_cores_this_process_may_use(monkeypatch):

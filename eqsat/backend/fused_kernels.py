@@ -78,7 +78,7 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
         else:
             loops()
         b.ret_void()
-    work = out.nbytes + sum(t.nbytes for t in ins) + out.size * (1 + len(str(body)) // 8)
+    work = out.nbytes + sum(t.nbytes for t in ins) + int(fused.body_flops(body, ins, out.shape))
     return Kernel(fn, dims[0][0], work,
                   outer_blocks(dims[0][0], dims[0][1], [out.size, *(t.size for t in ins)]))
 

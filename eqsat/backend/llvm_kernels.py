@@ -118,7 +118,7 @@ def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel
     out = s.type
     dtype = ins[-1].dtype  # select's branches, the other ops' operands
     fn, b, lo, hi, (o,), ptrs = kb.function(s.op, [out.dtype], [t.dtype for t in ins])
-    work = out.nbytes + sum(t.nbytes for t in ins) + out.size
+    work = out.nbytes + sum(t.nbytes for t in ins) + int(out.size * element_cost(s.op, dtype))
     dims = (stream_dims([(out.size, [1] * (1 + len(ins)))])
             if kb.streams(out, element_cost(s.op)) else None)
     if dims is not None:

@@ -18,17 +18,13 @@ from collections.abc import Callable, Sequence
 
 from llvmlite import ir
 
+from ..host import PARALLEL_MIN_WORK
 from . import blas, settings
 from .jit import POOL_AFTER_FORK, POOL_ENTRY, POOL_SYMBOL
 from .llvm_kernels import Kernel
 from .loops import for_range, i64
 from .scalar import I8, I32, I64, declare, internal_function
 
-# Bytes plus operations below which a kernel runs on the calling thread alone. Measured with
-# back-to-back calls (2 threads; single / threaded): an add of 64k floats (0.85M) 11.7 / 12.4 us,
-# exp of 64k (1.5M) 18.4 / 14.9, 64x784 @ 784x10 (1.7M) 20.9 / 17.0, 256k adds (3.4M) 31 / 23;
-# the demo's training step 68 -> 44 us, larger workloads unchanged.
-PARALLEL_MIN_WORK = 1 << 20
 THREADS = settings.default_threads()
 # POOL_SYMBOL: void (i8* (i8*)* fn, i8* ctxs, i64 ctx_bytes, i32 n), bound to POOL_ENTRY
 CHUNKS_PER_THREAD = 4  # a kernel's extent is taken in this many chunks per thread

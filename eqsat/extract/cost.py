@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import Error
-from ..ir.fused import body_flops, domain
+from ..host import PARALLEL_MIN_WORK, usable_cores
+from ..ir.fused import body_flops, compute_dtype, domain
 from ..ir.module import Function, Module
 from ..ir.ops import OPS, element_cost
 from ..ir.types import TensorType
@@ -70,24 +71,36 @@ def _moved(ins: Types, outs: Types) -> float:
     return _nbytes(ins) + _nbytes(outs)
 
 
+# Work.flops is in units of the peak rate, which counts a fused multiply-add as two flops. A
+# simple elementwise operation (an add, a compare) also takes one vector instruction per lane,
+# so each of the op table's element_cost units is worth this many flops.
+LANE_FLOPS = 2.0
+
+
+def _wide(types: Types) -> float:
+    """2 where the elements are 8 bytes wide (half the lanes of a vector), else 1."""
+    return 2.0 if any(t.dtype.itemsize == 8 for t in types) else 1.0
+
+
 def elementwise_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
-    """Flops per element (the op table's element_cost: transcendentals are polynomials of a
-    dozen or two multiply-adds in generated code, a division a few) times elements; reads every
-    operand, writes the result: one kernel."""
-    per = element_cost(op)
+    """The op's element_cost in its operands' dtype (measured on the generated code:
+    transcendentals are polynomials of a dozen or more multiply-adds, sin's argument reduction
+    is long) times elements; reads every operand, writes the result: one kernel."""
+    per = element_cost(op, compute_dtype(ins or outs)) * LANE_FLOPS
     return Work(per * sum(t.size for t in outs), _moved(ins, outs), 1)
 
 
 def reduction_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
-    """One flop per input element."""
-    return Work(float(sum(t.size for t in ins)), _moved(ins, outs), 1)
+    """One simple operation per input element."""
+    return Work(LANE_FLOPS * _wide(ins) * sum(t.size for t in ins), _moved(ins, outs), 1)
 
 
 def matmul_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
-    """2*m*n*k per batch. With a = [..., m, k] (in any stored layout), a.size * n = batch*m*k*n,
-    so transposed-operand variants are priced by the same formula."""
+    """2*m*n*k per batch, twice that in f64 (half the lanes). With a = [..., m, k] (in any
+    stored layout), a.size * n = batch*m*k*n, so transposed-operand variants are priced by the
+    same formula."""
     n = outs[0].shape[-1] if outs[0].rank else 1
-    return Work(2.0 * ins[0].size * n, _moved(ins, outs), 1)
+    return Work(2.0 * _wide(ins[:2]) * ins[0].size * n, _moved(ins, outs), 1)
 
 
 def copy_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
@@ -109,21 +122,21 @@ def _free(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
 # A fused kernel reads its operands once (at their own size: broadcasting happens in
 # registers) and writes only its result; the intermediates of its body never touch memory.
 def map_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
-    """Body flops over the output, one kernel."""
-    return Work(body_flops(attrs["body"], ins, outs[0].shape), _moved(ins, outs), 1)
+    """Body operations over the output, one kernel."""
+    return Work(LANE_FLOPS * body_flops(attrs["body"], ins, outs[0].shape), _moved(ins, outs), 1)
 
 
 def map_reduce_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
-    """Body flops plus one reduction flop per element of the broadcast domain."""
+    """Body operations plus one reduction operation per element of the broadcast domain."""
     shape = tuple(domain(list(ins))) if ins else ()
-    flops = body_flops(attrs["body"], ins, shape) + math.prod(shape)
-    return Work(flops, _moved(ins, outs), 1)
+    ops = body_flops(attrs["body"], ins, shape) + _wide(ins) * math.prod(shape)
+    return Work(LANE_FLOPS * ops, _moved(ins, outs), 1)
 
 
 def matmul_epi_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     """A product (as matmul_work) whose epilogue runs on the result in registers."""
     product = matmul_work(op, attrs, ins[:2], outs)
-    epilogue = body_flops(attrs["body"], [outs[0], *ins[2:]], outs[0].shape)
+    epilogue = LANE_FLOPS * body_flops(attrs["body"], [outs[0], *ins[2:]], outs[0].shape)
     return Work(product.flops + epilogue, _moved(ins, outs), 1)
 
 
@@ -159,8 +172,11 @@ def work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
 
 
 # The share of a kernel's lesser roofline term (compute or memory) that does not overlap with
-# the greater.
-OVERLAP = 0.1
+# the greater. Measured here on kernels where both are of a size (1024x1024, 2 cores): the
+# fused tanh(exp(x)) took its compute time plus 0.8 of its memory time, a fused f64
+# mul(tanh(x), y) about the sum. At 0.1 the model hid a recomputed tanh under memory traffic
+# and fused it into three consumers, 1.2x slower than computing it once.
+OVERLAP = 0.5
 
 
 @dataclass(frozen=True)
@@ -172,27 +188,50 @@ class Roofline:
     traffic overlap well but not perfectly; the small share of the lesser term also means that
     of two kernels moving the same bytes, the one computing less is the cheaper (a pure max
     would call x*x and pow(x, 2) equal in any memory-bound kernel and leave the pick to chance).
+    A kernel whose bytes plus simple operations fall below `serial_work` runs on one of the
+    `cores` that `peak_flops` counts, at that core's share of the peak (the CPU backend keeps
+    such kernels off its threads). A kernel moving at most `cache_bytes` moves them at
+    `cache_bandwidth` (the kernel before it left them in the cache): that is what fusing such a
+    kernel saves, far less than fusing one whose data comes from memory.
     """
 
     name: str
     peak_flops: float
     bandwidth: float
     launch: float
+    cores: int = 1
+    serial_work: float = 0.0
+    cache_bytes: float = 0.0
+    cache_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
-        for field_name in ("peak_flops", "bandwidth"):
+        for field_name in ("peak_flops", "bandwidth") + (("cache_bandwidth",)
+                                                          if self.cache_bytes else ()):
             v = getattr(self, field_name)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
                 raise Error(f"Roofline {self.name!r}: {field_name} must be a positive number, "
                             f"got {v!r}")
         if not (math.isfinite(self.launch) and self.launch >= 0):
             raise Error(f"Roofline {self.name!r}: launch must be >= 0 seconds, got {self.launch!r}")
+        if not (isinstance(self.cores, int) and self.cores >= 1):
+            raise Error(f"Roofline {self.name!r}: cores must be an int >= 1, got {self.cores!r}")
+        if not (math.isfinite(self.cache_bytes) and self.cache_bytes >= 0):
+            raise Error(f"Roofline {self.name!r}: cache_bytes must be >= 0, "
+                        f"got {self.cache_bytes!r}")
+        if not (math.isfinite(self.serial_work) and self.serial_work >= 0):
+            raise Error(f"Roofline {self.name!r}: serial_work must be >= 0, "
+                        f"got {self.serial_work!r}")
 
     def seconds(self, w: Work) -> float:
         """The roofline time of some work."""
         if w.kernels == 0 and w.flops == 0 and w.bytes == 0:
             return 0.0
-        compute, memory = w.flops / self.peak_flops, w.bytes / self.bandwidth
+        kernels = max(1, w.kernels)
+        serial = self.cores > 1 and w.bytes + w.flops / LANE_FLOPS < self.serial_work * kernels
+        peak = self.peak_flops / self.cores if serial else self.peak_flops
+        cached = w.bytes <= self.cache_bytes * kernels
+        bandwidth = self.cache_bandwidth if cached else self.bandwidth
+        compute, memory = w.flops / peak, w.bytes / bandwidth
         return (max(compute, memory) + OVERLAP * min(compute, memory)
                 + w.kernels * self.launch)
 
@@ -218,7 +257,9 @@ def _cpu_model(cache: str | None) -> Roofline:
     from .machine import cpu_rates
 
     rates = cpu_rates(cache)
-    return Roofline("cpu", rates.gflops * 1e9, rates.bandwidth_gbs * 1e9, CPU_LAUNCH)
+    return Roofline("cpu", rates.gflops * 1e9, rates.bandwidth_gbs * 1e9, CPU_LAUNCH,
+                    cores=usable_cores(), serial_work=PARALLEL_MIN_WORK,
+                    cache_bytes=rates.cache_bytes, cache_bandwidth=rates.cache_bandwidth_gbs * 1e9)
 
 
 def cost_model(target: str | CostModel, cache: str | None = None) -> CostModel:

@@ -1,10 +1,11 @@
-"""This machine's floating-point rate and memory bandwidth, measured once and cached.
+"""This machine's floating-point rate and memory bandwidths, measured once and cached.
 
-The roofline model of the `cpu` target needs two numbers. A short numpy micro-benchmark
-(well under a second: a BLAS matrix product and a large array copy, best of a few runs) measures
-them on first use; the result lives in a JSON file in the user's cache directory
-(`$EQSAT_CACHE_DIR`, else `$XDG_CACHE_HOME/eqsat`, else `~/.cache/eqsat`) and is measured again
-only when the machine or numpy changes, or when asked to.
+The roofline model of the `cpu` target needs a peak rate, the bandwidth of main memory, and the
+bandwidth of data that stays in the last-level cache. A short numpy micro-benchmark (well under a
+second: a BLAS matrix product and array copies, best of a few runs) measures them on first use;
+the result lives in a JSON file in the user's cache directory (`$EQSAT_CACHE_DIR`, else
+`$XDG_CACHE_HOME/eqsat`, else `~/.cache/eqsat`) and is measured again only when the machine or
+numpy changes, or when asked to.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ CACHE_FILE = "machine.json"
 _MATMUL_N = 512
 _SMALL_SHAPE = (96, 48, 48)
 _COPY_BYTES = 32 * 2**20
+# The last-level cache where sysfs does not say (bytes); a kernel whose bytes fit in half of it
+# finds its operands there when the kernel before it wrote them.
+_DEFAULT_LLC = 16 * 2**20
 _REPEATS = 4
 # Each rate is the best of as many runs as fit in this many seconds (at least _REPEATS): the
 # rates are kept for good, and a product of ~1 ms measured 4 times could land entirely in a
@@ -36,11 +40,14 @@ _BUDGET_S = 0.1
 
 @dataclass(frozen=True)
 class CpuRates:
-    """Measured peak GFLOP/s (fp32 matrix product) and memory bandwidth (GB/s) of this machine."""
+    """Measured peak GFLOP/s (fp32 matrix product) and bandwidths (GB/s) of this machine: of
+    main memory, and of working sets up to `cache_bytes` (half the last-level cache)."""
 
     gflops: float
     bandwidth_gbs: float
     key: str = ""
+    cache_bandwidth_gbs: float = 0.0
+    cache_bytes: int = 0
 
 
 def _best_seconds(fn, repeats: int, budget: float = _BUDGET_S) -> float:
@@ -75,21 +82,45 @@ def measure() -> CpuRates:
     batch, n = _SMALL_SHAPE[0], _SMALL_SHAPE[1]
     gflops = max(2 * _MATMUL_N**3 / mm, 2 * batch * n**3 / small * usable_cores()) / 1e9
 
-    src = np.ones(_COPY_BYTES // 4, dtype=np.float32)
+    bandwidth = _copy_rate(_COPY_BYTES)
+    cache_bytes = last_level_cache() // 2
+    # never below main memory's: a busy neighbour during the short cached copy must not make
+    # cache-resident data look dearer than data from memory
+    cached = max(bandwidth, _copy_rate(cache_bytes // 2))
+    return CpuRates(gflops=gflops, bandwidth_gbs=bandwidth, key=machine_key(),
+                    cache_bandwidth_gbs=cached, cache_bytes=cache_bytes)
+
+
+def _copy_rate(nbytes: int) -> float:
+    """GB/s of a numpy copy of `nbytes` (read plus written bytes over the time)."""
+    src = np.ones(max(1, nbytes // 4), dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)  # touch the destination pages before timing
-    cp = _best_seconds(lambda: np.copyto(dst, src), _REPEATS)
-    bandwidth = 2 * _COPY_BYTES / cp / 1e9
-    return CpuRates(gflops=gflops, bandwidth_gbs=bandwidth, key=machine_key())
+    return 2 * src.nbytes / _best_seconds(lambda: np.copyto(dst, src), _REPEATS) / 1e9
+
+
+def last_level_cache(sysfs: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """Bytes of the largest cache sysfs lists for CPU 0 (_DEFAULT_LLC where it lists none)."""
+    sizes = []
+    for index in sysfs.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip().upper()
+            unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * unit)
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=_DEFAULT_LLC)
 
 
 def _read(path: Path, key: str) -> CpuRates | None:
     try:
         data = json.loads(path.read_text())
-        rates = CpuRates(float(data["gflops"]), float(data["bandwidth_gbs"]), str(data["key"]))
+        rates = CpuRates(float(data["gflops"]), float(data["bandwidth_gbs"]), str(data["key"]),
+                         float(data["cache_bandwidth_gbs"]), int(data["cache_bytes"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or damaged cache: measure again
-    if rates.key != key or not (rates.gflops > 0 and rates.bandwidth_gbs > 0):
+    if rates.key != key or not (rates.gflops > 0 and rates.bandwidth_gbs > 0
+                                and rates.cache_bandwidth_gbs > 0 and rates.cache_bytes >= 0):
         return None
     return rates
 

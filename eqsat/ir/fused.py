@@ -95,16 +95,23 @@ def domain(ins: Sequence[TensorType], op: str = "map_reduce") -> tuple[int, ...]
     return shape
 
 
+def compute_dtype(operands: Sequence[TensorType]) -> DType:
+    """The dtype a fused body's arithmetic runs in, for costing: its widest operand's (f32
+    where it reads none)."""
+    return max((t.dtype for t in operands), key=lambda d: d.itemsize, default=DType.f32)
+
+
 def body_flops(body: Any, operands: Sequence[TensorType], shape: Sequence[int]) -> float:
     """Flops of a fused kernel's body evaluated at every point of `shape`, its operands
     broadcast to it: subterms reading no operand that varies along the last axis cost once per
     row (generated loops hoist them out of the innermost loop: a layer norm's 1/sqrt(var + eps)
-    is not recomputed per element)."""
+    is not recomputed per element). The body computes in its widest operand's dtype."""
     size = math.prod(shape)
     inner = shape[-1] if shape else 1
     varying = [i for i, t in enumerate(operands) if inner > 1 and t.shape[-1:] == (inner,)]
-    per_element = body_cost(body, varying)
-    per_row = body_cost(body) - per_element
+    dtype = compute_dtype(operands)
+    per_element = body_cost(body, varying, dtype)
+    per_row = body_cost(body, None, dtype) - per_element
     return per_element * size + (per_row * (size // inner) if inner else 0.0)
 
 

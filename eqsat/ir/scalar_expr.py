@@ -95,15 +95,17 @@ def body_op_names() -> frozenset[str]:
     )
 
 
-def body_cost(body: Any, varying: Collection[int] | None = None) -> float:
-    """The rough cost of one evaluation of a body, its ops' `element_cost`s summed; with
-    `varying`, of only the subterms that read one of those inputs (the rest is the same for
-    every element of a loop along which only `varying` change, and compilers hoist it)."""
+def body_cost(body: Any, varying: Collection[int] | None = None,
+              dtype: DType | None = None) -> float:
+    """The cost of one evaluation of a body computing in `dtype` (f32 when not given), its
+    ops' `element_cost`s summed; with `varying`, of only the subterms that read one of those
+    inputs (the rest is the same for every element of a loop along which only `varying`
+    change, and compilers hoist it)."""
     total, stack = 0.0, [body]
     while stack:
         e = stack.pop()
         if isinstance(e, App) and (varying is None or body_args(e) & set(varying)):
-            total += element_cost(e.op)
+            total += element_cost(e.op, dtype)
             stack.extend(e.args)
     return total
 
