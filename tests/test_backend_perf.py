@@ -437,3 +437,21 @@ def test_blas_integer_width_names_the_symbols() -> None:
     assert sym in blas.addresses()
     assert sym.endswith(blas.ILP64_SUFFIX) == (blas.int_type().width == 64)
 
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_compute_bound_loops_interleave_vectors_and_stay_exact(dtype):
+    """A long body waits on latency with one vector in flight, so compute-bound kernels ask
+    LLVM for four side by side (loops.interleaved); cheap ones leave it to LLVM. Results must
+    not change, remainders included (1003 is no multiple of any vector width)."""
+    t = f"{dtype}[3,1003]"
+    bodies = {"tanh(exp($0))": True, "mul(add($0, 1.0), $0)": False}
+    for body, interleaved in bodies.items():
+        m = parse(f"module @m\nfunc @f(%x: {t}) -> {t} {{\n"
+                  f"  %y = map %x, body={body} : {t}\n  return %y\n}}\n")
+        text, _ = lower(m)
+        assert ('!"llvm.loop.interleave.count", i32 4' in text) == interleaved, body
+        x = np.random.default_rng(0).uniform(-2, 2, (3, 1003)).astype(dtype.replace("f", "float"))
+        np.testing.assert_allclose(compile_module(m).f(x), eqsat.interpret(m, "f", x),
+                                   rtol=1e-5 if dtype == "f32" else 1e-12)
+    single = parse(f"module @m\nfunc @f(%x: {t}) -> {t} {{\n  %y = sin %x : {t}\n  return %y\n}}\n")
+    assert '!"llvm.loop.interleave.count", i32 4' in lower(single)[0]

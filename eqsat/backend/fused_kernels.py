@@ -16,8 +16,8 @@ from ..ir.module import Stmt
 from ..ir.ops import OPS
 from ..ir.scalar_expr import body_args, body_cost, fold
 from ..ir.types import DType, TensorType
-from .llvm_kernels import (KERNELS, Kernel, KernelBuilder, _load, _store, broadcast_strides,
-                           outer_blocks, reduce_kernel)
+from .llvm_kernels import (INTERLEAVE, KERNELS, STREAM_MAX_COST, Kernel, KernelBuilder, _load,
+                           _store, broadcast_strides, outer_blocks, reduce_kernel)
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
                     streamed_nest, strided_offset, with_trig_fallback)
 from .matmul_kernels import matmul_kernel
@@ -63,7 +63,8 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
         return emit_body(b, body, _loads(b, used, ptrs, offs, ins), out.dtype)
 
     inner = {k for k, st in enumerate(dims[-1][1][1:]) if st}  # inputs varying along a row
-    streamed = stream_dims(dims) if kb.streams(out, body_cost(body, inner)) else None
+    cost = body_cost(body, inner)
+    streamed = stream_dims(dims) if kb.streams(out, cost) else None
     if streamed is not None:
         dims = streamed
         streamed_nest(b, dims, lo, hi, o, value, out.dtype.itemsize)
@@ -71,7 +72,8 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
     else:
         def loops() -> None:
             nest(b, dims, [0] * (1 + len(ins)),
-                 lambda offs: _store(b, value(offs[1:]), o, offs[0]), outer=(lo, hi))
+                 lambda offs: _store(b, value(offs[1:]), o, offs[0]), outer=(lo, hi),
+                 interleave=INTERLEAVE if cost > STREAM_MAX_COST else 0)
 
         if trig_fallback:
             with_trig_fallback(b, loops)

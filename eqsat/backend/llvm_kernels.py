@@ -28,6 +28,9 @@ STREAM_ALIGN = 64
 # A kernel costing more than this per element (the op table's element_cost, in simple float
 # operations) is compute-bound here.
 STREAM_MAX_COST = 12
+# A compute-bound loop (costlier than STREAM_MAX_COST per element) runs this many vectors side
+# by side (see loops.interleaved).
+INTERLEAVE = 4
 
 
 @dataclass
@@ -129,8 +132,10 @@ def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel
         return Kernel(fn, dims[0][0], work, outer_blocks(dims[0][0], dims[0][1],
                                                          [out.size] * (1 + len(ins))))
 
+    interleave = INTERLEAVE if element_cost(s.op) > STREAM_MAX_COST else 0
+
     def loop() -> None:
-        with for_range(b, lo, hi) as i:
+        with for_range(b, lo, hi, interleave=interleave) as i:
             args = [_load(b, p, i) for p in ptrs]
             _store(b, emit_scalar(b, s.op, args, dtype, out.dtype), o, i)
 

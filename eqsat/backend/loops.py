@@ -31,11 +31,27 @@ def strided_offset(b: ir.IRBuilder, index: ir.Value, shape: Sequence[int],
     return off
 
 
+def interleaved(branch: ir.Instruction, count: int) -> None:
+    """Ask LLVM's loop vectorizer to run `count` vectors of the loop whose back edge is
+    `branch` side by side. Its own choice for a long body is one, and a long chain of
+    dependent operations then waits on latency: tanh(exp(x)) measured 1.4-1.9x slower than exp
+    and tanh as two kernels (1024x1024, f32 and f64), and as fast as them with four."""
+    module = branch.function.module
+    hint = module.add_metadata([ir.MetaDataString(module, "llvm.loop.interleave.count"),
+                                ir.Constant(ir.IntType(32), count)])
+    # a loop ID is a node whose first operand is itself (so no two loops share one); the
+    # placeholder only keeps add_metadata from handing back another loop's node
+    unique = ir.MetaDataString(module, f"eqsat.loop.{len(module.metadata)}")
+    loop_id = module.add_metadata([unique])
+    loop_id.operands = (loop_id, hint)
+    branch.set_metadata("llvm.loop", loop_id)
+
+
 @contextmanager
 def counted(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name: str = "i",
-            signed: bool = True) -> Iterator[ir.Value]:
+            signed: bool = True, interleave: int = 0) -> Iterator[ir.Value]:
     """`for (i = lo; i < hi; i += step)` in lo's integer type (compared `signed` or not): the
-    body is emitted inside the `with` block."""
+    body is emitted inside the `with` block. `interleave` > 1: see `interleaved`."""
     pre = b.block
     head = b.append_basic_block(f"{name}.head")
     body = b.append_basic_block(f"{name}.body")
@@ -49,27 +65,30 @@ def counted(b: ir.IRBuilder, lo: ir.Value, hi: ir.Value, step: ir.Value, name: s
     b.position_at_end(body)
     yield i
     i.add_incoming(b.add(i, step, name=f"{name}.next"), b.block)
-    b.branch(head)
+    back = b.branch(head)
+    if interleave > 1:
+        interleaved(back, interleave)
     b.position_at_end(done)
 
 
 @contextmanager
 def for_range(b: ir.IRBuilder, lo: ir.Value | int, hi: ir.Value | int,
-              name: str = "i") -> Iterator[ir.Value]:
+              name: str = "i", interleave: int = 0) -> Iterator[ir.Value]:
     """`for i in range(lo, hi)` over i64: the body is emitted inside the `with` block."""
     lo = i64(lo) if isinstance(lo, int) else lo
     hi = i64(hi) if isinstance(hi, int) else hi
-    with counted(b, lo, hi, i64(1), name) as i:
+    with counted(b, lo, hi, i64(1), name, interleave=interleave) as i:
         yield i
 
 
 def nest(b: ir.IRBuilder, dims: Dims, offsets: Sequence[ir.Value | int],
          body: Callable[[list[ir.Value]], None], outer: tuple[ir.Value, ir.Value] | None = None,
-         depth: int | None = None) -> None:
+         depth: int | None = None, interleave: int = 0) -> None:
     """Loops over `dims` (outermost first), calling `body` with each pointer's element offset.
 
     `outer` restricts the outermost loop to [lo, hi) (a thread's share); `depth` stops after
-    that many loops (the caller writes the innermost one itself)."""
+    that many loops (the caller writes the innermost one itself); `interleave` applies to the
+    innermost loop (see `interleaved`)."""
     offs = [i64(o) if isinstance(o, int) else o for o in offsets]
     depth = len(dims) if depth is None else depth
     if depth == 0:
@@ -77,9 +96,10 @@ def nest(b: ir.IRBuilder, dims: Dims, offsets: Sequence[ir.Value | int],
         return
     extent, strides = dims[0]
     lo, hi = outer if outer is not None else (i64(0), i64(extent))
-    with for_range(b, lo, hi, name=f"d{len(dims)}") as i:
+    last = depth == 1 and len(dims) == 1
+    with for_range(b, lo, hi, name=f"d{len(dims)}", interleave=interleave if last else 0) as i:
         inner = [b.add(o, b.mul(i, i64(s))) if s else o for o, s in zip(offs, strides)]
-        nest(b, dims[1:], inner, body, None, depth - 1)
+        nest(b, dims[1:], inner, body, None, depth - 1, interleave)
 
 
 def with_trig_fallback(b: ir.IRBuilder, loops: Callable[[], None]) -> None:
