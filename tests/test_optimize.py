@@ -346,6 +346,27 @@ def test_loading_stops_at_the_time_limit_and_keeps_the_input_without_a_warning()
     assert "time limit" in report.notes[0]
 
 
+def test_a_huge_node_limit_cannot_make_serializing_and_extracting_outlast_the_time_limit():
+    """Serialization and extraction cannot stop halfway, so saturation stops growing the
+    e-graph past what extraction's share of the time can handle: with commutativity and
+    associativity on a 12-term sum, Limits(seconds=2, nodes=10**7) saturated to 193k e-nodes
+    in 0.5 s and then took 7 s to serialize and extract."""
+    params = ", ".join(f"%x{i}: f32[16]" for i in range(12))
+    terms = "".join(f"  %a{i} = add %a{i - 1}, %x{i} : f32[16]\n" for i in range(2, 12))
+    m = parse(f"module @m\nfunc @f({params}) -> f32[16] {{\n  %a1 = add %x0, %x1 : f32[16]\n"
+              f"{terms}  return %a11\n}}\n")
+    ac = parse_rules("rule comm: add(?x, ?y) => add(?y, ?x)\n"
+                     "rule assoc: add(add(?x, ?y), ?z) => add(?x, add(?y, ?z))")
+    t0 = time.perf_counter()
+    out, report = optimize_with_report(m, ac, limits=Limits(iterations=1000, nodes=10**7,
+                                                            seconds=2))
+    took = time.perf_counter() - t0
+    assert report.stop_reason == "time limit" and took < 2 + 1 + 1.5, report
+    afford = ex.pipeline.extract_budget(Limits(seconds=2)) / ex.pipeline.SECONDS_PER_NODE
+    assert report.enodes_final < afford
+    same_results(m, out, "f", *[rand(16, seed=i) for i in range(12)])
+
+
 def test_exploding_rules_stop_at_the_node_limit_and_keep_the_best_program():
     terms = " ".join(f"%a{i} = add %a{i - 1}, %x{i} : f32[16]\n" for i in range(1, 10))
     params = ", ".join(f"%x{i}: f32[16]" for i in range(10))

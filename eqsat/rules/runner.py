@@ -131,9 +131,14 @@ def _matches(outputs: list) -> tuple[dict[str, int], bool]:
 
 
 def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
-                    progress: bool = False, start: float | None = None) -> Report:
+                    progress: bool = False, start: float | None = None,
+                    afford: float = math.inf) -> Report:
     """Add `rules` to a loaded e-graph and run them within `limits` (the time limit counted
-    from `start`, a `time.perf_counter` value, by default now); returns the report."""
+    from `start`, a `time.perf_counter` value, by default now); returns the report.
+
+    `afford` bounds the e-graph's size by time rather than memory: the e-nodes the caller can
+    still serialize and extract within its own share of the time. A round that would grow the
+    e-graph past it is not started (stop reason "time limit", predicted)."""
     limits = limits or Limits()
     start = time.perf_counter() if start is None else start
     eg.run(compile_ruleset(rules))
@@ -151,6 +156,9 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
             break
         if last_nodes >= limits.nodes:
             report.stop_reason = NODE_LIMIT
+            break
+        if last_nodes * (last_growth if report.rounds else 1.0) > afford:
+            report.stop_reason, report.predicted = TIME_LIMIT, True
             break
         if elapsed >= limits.seconds:
             report.stop_reason = TIME_LIMIT
@@ -195,12 +203,13 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
 
 
 def saturate(module: Module, rules: RuleSet, limits: Limits | None = None,
-             progress: bool = False) -> tuple[EGraph, Report]:
-    """Load `module` (verified, gradients expanded) and saturate it with `rules`.
+             progress: bool = False, afford: float = math.inf) -> tuple[EGraph, Report]:
+    """Load `module` (verified, gradients expanded) and saturate it with `rules` (`afford`: see
+    `saturate_egraph`).
 
     Returns the e-graph handle (serialize it, or `build` a module from chosen nodes) and the
     run report; `bridge.LoadTimeout` where loading alone outlasts the time limit.
     """
     start = time.perf_counter()  # loading counts against the time limit too
     eg = load(module, start + (limits or Limits()).seconds)
-    return eg, saturate_egraph(eg, rules, limits, progress, start)
+    return eg, saturate_egraph(eg, rules, limits, progress, start, afford)
