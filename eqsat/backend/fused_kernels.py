@@ -85,6 +85,11 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
                   outer_blocks(dims[0][0], dims[0][1], [out.size, *(t.size for t in ins)]))
 
 
+def _element_cost(body: Any, ins: Sequence[TensorType]) -> float:
+    """Simple operations per element of a map_reduce: its body and the combine."""
+    return 1.0 + body_cost(body, None, fused.compute_dtype(ins))
+
+
 def map_reduce(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     """A reduction whose elements are the body over the broadcast inputs."""
     body = s.attr["body"]
@@ -95,7 +100,7 @@ def map_reduce(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
         return emit_body(b, body, _loads(b, body_args(body), ptrs, offs, ins), None)
 
     return reduce_kernel(kb, "map_reduce", s.attr["reduce"], domain, set(s.attr["axes"]),
-                         s.type, ins, strides, element)
+                         s.type, ins, strides, element, _element_cost(body, ins))
 
 
 def map_reduce_keeping(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
@@ -112,7 +117,8 @@ def map_reduce_keeping(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
         return value
 
     return reduce_kernel(kb, "map_reduce_keeping", s.attr["reduce"], domain,
-                         set(s.attr["axes"]), s.type, [*ins, keep], strides, element)
+                         set(s.attr["axes"]), s.type, [*ins, keep], strides, element,
+                         _element_cost(body, ins))
 
 
 def map_in_place(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:

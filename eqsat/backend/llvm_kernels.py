@@ -289,11 +289,12 @@ def _blocked_sum(b: ir.IRBuilder, acc_ptr: ir.Value, n: int,
 
 def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], axes: set[int],
                   out: TensorType, ins: Sequence[TensorType], in_strides: Sequence[list[int]],
-                  element: Element) -> Kernel:
+                  element: Element, cost: float = 1.0) -> Kernel:
     """`op` over `axes` of `element(builder, input pointers, offsets)` on the `domain` index
     space. The domain is walked in row-major order with output stride 0 on reduced axes: an
     innermost reduced axis keeps a register accumulator (vectorized, reassociating float sums),
-    an innermost kept axis updates a row of the output (vectorized across it)."""
+    an innermost kept axis updates a row of the output (vectorized across it). `cost`: simple
+    operations per element of the domain (see element_cost), for threading and interleaving."""
     kept_strides = iter(row_major_strides(out.shape))
     ostr = [0 if d in axes else next(kept_strides) for d in range(len(domain))]
     dims = collapse(domain, [ostr, *in_strides])
@@ -303,16 +304,23 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
     fn, b, lo, hi, (o,), ptrs = kb.function(name, [dtype], [t.dtype for t in ins])
     ident = _identity(op, dtype)
     size = math.prod(domain)
-    # Threads may split the outermost loop when it is a kept axis with loops inside it.
+    # Threads may split the outermost loop when it is a kept axis with loops inside it; a sum
+    # down the columns of a matrix (reduced rows outside, kept contiguous columns inside) they
+    # split by columns instead, each thread walking all rows of its own columns.
     split = len(dims) > 1 and dims[0][1][0] != 0 and size > 0
+    columns = (len(dims) == 2 and dims[0][1][0] == 0 and dims[1][1][0] == 1 and size > 0
+               and dims[1][0] == out.size)
     if split:
         row = i64(dims[0][1][0])
         init_lo, init_hi = b.mul(lo, row), b.mul(hi, row)
+    elif columns:
+        init_lo, init_hi = lo, hi
     else:
         init_lo, init_hi = i64(0), i64(out.size)
     with for_range(b, init_lo, init_hi, name="init") as i:
         _store(b, ident, o, i)
     n_inner, (so, *sis) = dims[-1]
+    interleave = INTERLEAVE if cost > STREAM_MAX_COST else 0
     with b.goto_entry_block():
         acc_slot = b.alloca(llvm_type(dtype), name="acc")
 
@@ -327,11 +335,12 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
             # A stack slot that SROA turns into a register: the loop-carried accumulator.
             acc_ptr = b.gep(o, [offs[0]], inbounds=True)
             b.store(b.load(acc_ptr), acc_slot)
-            with for_range(b, 0, n_inner, name="r") as j:
+            with for_range(b, 0, n_inner, name="r", interleave=interleave) as j:
                 b.store(combine(b, b.load(acc_slot), value_at(offs[1:], j)), acc_slot)
             b.store(b.load(acc_slot), acc_ptr)
         else:
-            with for_range(b, 0, n_inner, name="r") as j:
+            j_lo, j_hi = (lo, hi) if columns else (0, n_inner)
+            with for_range(b, j_lo, j_hi, name="r", interleave=interleave) as j:
                 oo = b.add(offs[0], b.mul(j, i64(so)))
                 _store(b, combine(b, _load(b, o, oo), value_at(offs[1:], j)), o, oo)
 
@@ -341,7 +350,9 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
     else:
         nest(b, dims, zeros, inner, outer=(lo, hi) if split else None, depth=len(dims) - 1)
     b.ret_void()
-    work = sum(t.nbytes for t in ins) + out.nbytes + size
+    work = sum(t.nbytes for t in ins) + out.nbytes + int(size * cost)
+    if columns:
+        return Kernel(fn, out.size, work)
     if not split:
         return Kernel(fn, 1, work)
     return Kernel(fn, dims[0][0], work,
