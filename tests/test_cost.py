@@ -250,7 +250,7 @@ def test_roofline_charges_a_share_of_the_lesser_term():
         assert model.seconds(light) < model.seconds(heavy)
         memory = 4e6 / model.bandwidth
         assert model.seconds(light) == pytest.approx(
-            memory + OVERLAP * 1e6 / model.peak_flops + model.launch)
+            memory + model.overlap * 1e6 / model.peak_flops + model.launch)
 
 
 def test_small_kernels_get_one_core_and_cached_bytes_the_cache_bandwidth():
@@ -267,7 +267,7 @@ def test_small_kernels_get_one_core_and_cached_bytes_the_cache_bandwidth():
     compute, memory = 4e7 / 100e9, 4e7 / 20e9
     assert model.seconds(large) == pytest.approx(memory + OVERLAP * compute)
     for bad in ({"cores": 0}, {"serial_work": -1.0}, {"cache_bytes": float("nan")},
-                {"cache_bytes": 1e6, "cache_bandwidth": 0.0}):
+                {"cache_bytes": 1e6, "cache_bandwidth": 0.0}, {"overlap": 1.5}):
         with pytest.raises(eqsat.Error, match="Roofline 'x'"):
             Roofline("x", peak_flops=1e9, bandwidth=1e9, launch=0.0, **bad)
 
