@@ -236,3 +236,17 @@ def test_python_inputs_that_would_change_value_are_refused(args, problem):
             run()
     ok = ([1, 2], [True, False], [0.5, 2])  # exact conversions stay accepted
     np.testing.assert_array_equal(exe.f(*ok), eqsat.interpret(m, "f", *ok))
+
+
+def test_arrays_of_the_other_byte_order_are_read_as_their_values():
+    """A big-endian f32 array holds f32 values: converting it changes none, so it is accepted
+    (an f64 array for an f32 parameter still is not)."""
+    m = eqsat.parse("func @f(%i: i64[3], %x: f32[3]) -> f32[3] {\n"
+                    "  %c = cast %i : f32[3]\n  %y = mul %c, %x : f32[3]\n  return %y\n}")
+    i, x = np.array([1, -2, 3], dtype=">i8"), np.array([0.5, 1e-30, -7.25], dtype=">f4")
+    want = i.astype(np.float32) * x.astype(np.float32)
+    exe = eqsat.compile(m, optimize=False)
+    np.testing.assert_array_equal(exe.f(i, x), want)
+    np.testing.assert_array_equal(eqsat.interpret(m, "f", i, x), want)
+    with pytest.raises(eqsat.Error, match=r"must be f32\[3\], got a >f8 array"):
+        exe.f(i, x.astype(">f8"))

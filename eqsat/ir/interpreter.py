@@ -62,6 +62,8 @@ def check_inputs(func: Function | Any, args: tuple[Any, ...], params=None) -> li
         want: TensorType = p.type
         if isinstance(a, (np.ndarray, np.generic)):
             arr = np.asarray(a)
+            if arr.dtype != want.dtype.np and arr.dtype.newbyteorder("=") == want.dtype.np:
+                arr = arr.astype(want.dtype.np)  # the other byte order: same values, native
             if arr.dtype != want.dtype.np:
                 raise InterpretError(
                     f"argument {i + 1} of @{func.name} (%{p.name}) must be {want}, got a "
