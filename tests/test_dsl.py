@@ -438,3 +438,24 @@ def test_transpose_none_reverses_axes_as_numpy():
     x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
     for got in tf(x):
         np.testing.assert_array_equal(got, np.transpose(x))
+
+
+def test_traced_functions_pickle_as_their_ir():
+    """The module-level name of a decorated function is the TracedFunction, so pickle could
+    not store the Python function by name; it pickles as its IR and the functions it calls."""
+    import pickle
+
+    @function
+    def inner(x: DType.f32[3]):
+        return dsl.exp(x) * 2.0
+
+    @function
+    def outer(x: DType.f32[3], y: DType.f32[3]):
+        """A docstring kept across pickling."""
+        return inner(x) + y
+
+    back = pickle.loads(pickle.dumps(outer))
+    assert isinstance(back, TracedFunction) and back.module == outer.module
+    assert (back.__name__, back.__doc__) == ("outer", "A docstring kept across pickling.")
+    x, y = np.float32([0.5, -1.0, 2.0]), np.float32([1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(back(x, y), outer(x, y))

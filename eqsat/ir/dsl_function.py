@@ -103,6 +103,13 @@ class TracedFunction:
         out.module  # verify now, so a bad function fails where it is made
         return out
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickles as its IR (what it computes), not as the Python function it was traced
+        from: the module-level name of a decorated function is this object, so pickle could
+        not find the function by name."""
+        return _restore, (self.ir, self._items, {k: getattr(self, k) for k in _WRAPPER_ATTRS
+                                                if hasattr(self, k)})
+
     def __eqsat_items__(self) -> list[Item]:
         """The IR items this function needs, callees first, itself last (for `Module`)."""
         return list(self._items)
@@ -211,6 +218,18 @@ def _results(out: Any, trace: Any, name: str, note: Any) -> tuple[Tracer, ...]:
             raise trace_error(f"{name} is annotated to return {', '.join(map(str, notes))} but "
                               f"returns {', '.join(map(str, got))}")
     return results
+
+
+_WRAPPER_ATTRS = ("__module__", "__name__", "__qualname__", "__doc__")
+
+
+def _restore(ir: Function | GradDecl, items: tuple[Item, ...],
+             attrs: dict[str, Any]) -> TracedFunction:
+    """A TracedFunction back from pickle (see TracedFunction.__reduce__)."""
+    out = TracedFunction(ir, items)
+    for k, v in attrs.items():
+        setattr(out, k, v)
+    return out
 
 
 def function(fn: Callable[..., Any]) -> TracedFunction:
