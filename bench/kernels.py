@@ -4,7 +4,9 @@ Every statement of the (optimized) module is compiled as a function of its own a
 random inputs of its operand types; the table lists them slowest first with their share of
 the sum. Kernels that the whole-function entry runs row-chunked together are timed apart
 here, so the sum can exceed the time of the whole function, which is printed too. Transposes
-that the entry never materializes (a matmul reads them in place) are listed, not timed.
+that the entry never materializes (a matmul reads them in place) are listed, not timed. Each
+row also shows the cpu cost model's estimate and measured / estimated: where the model is
+wrong, extraction's choices are.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import harness  # noqa: E402
 import workloads  # noqa: E402
 
 from eqsat.backend.entry import plan_function  # noqa: E402
+from eqsat.extract.cost import cost_model  # noqa: E402
 from eqsat.ir.module import Function, Module, Param, Stmt  # noqa: E402
 
 FREE_OPS = {"reshape"}  # views: no kernel runs for them
@@ -69,6 +72,8 @@ def main() -> None:
     total = _median_seconds(lambda: whole(w.func, *inputs))
     fn = module[w.func]
     views = plan_function(fn, {}).views
+    model = cost_model("cpu")
+    types = fn.types()
     rows = []
     for stmt in fn.body:
         if stmt.op in FREE_OPS or stmt.results[0] in views:
@@ -77,15 +82,18 @@ def main() -> None:
         exe = harness.compile_here(mod)
         args_ = [_random(p.type, rng) for p in mod["k"].params]
         t = _median_seconds(lambda: exe("k", *args_))
-        rows.append((t, stmt))
+        est = model.stmt_cost(stmt.op, stmt.attr, [types[o] for o in stmt.operands], stmt.types)
+        rows.append((t, est, stmt))
     rows.sort(key=lambda r: -r[0])
-    s = sum(t for t, _ in rows)
+    s, est_sum = sum(r[0] for r in rows), sum(r[1] for r in rows)
     print(f"{w.name}: whole function {total * 1e3:.3f} ms; {len(rows)} kernels timed alone, "
-          f"sum {s * 1e3:.3f} ms")
-    for t, stmt in rows[: args.top]:
+          f"sum {s * 1e3:.3f} ms; the cost model's sum {est_sum * 1e3:.3f} ms")
+    print(f"{'measured':>12s} {'share':>6s} {'model':>10s} {'ratio':>6s}  statement")
+    for t, est, stmt in rows[: args.top]:
         text = str(Module(Function("k", (), (), (stmt,), ()), name="p")).splitlines()
         line = next((ln.strip() for ln in text if "=" in ln and "func" not in ln), stmt.op)
-        print(f"{t * 1e3:9.3f} ms {100 * t / s:5.1f}%  {line[:150]}")
+        print(f"{t * 1e3:9.3f} ms {100 * t / s:5.1f}% {est * 1e3:7.3f} ms {t / est:6.2f}  "
+              f"{line[:130]}")
     if views:
         print(f"read in place by their matmuls (no kernel): {', '.join('%' + v for v in views)}")
 
