@@ -317,8 +317,6 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
         init_lo, init_hi = lo, hi
     else:
         init_lo, init_hi = i64(0), i64(out.size)
-    with for_range(b, init_lo, init_hi, name="init") as i:
-        _store(b, ident, o, i)
     n_inner, (so, *sis) = dims[-1]
     interleave = INTERLEAVE if cost > STREAM_MAX_COST else 0
     with b.goto_entry_block():
@@ -345,10 +343,18 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
                 _store(b, combine(b, _load(b, o, oo), value_at(offs[1:], j)), o, oo)
 
     zeros = [0] * (1 + len(ins))
-    if len(dims) == 1:
-        inner([i64(0)] * len(zeros))
-    else:
-        nest(b, dims, zeros, inner, outer=(lo, hi) if split else None, depth=len(dims) - 1)
+
+    def loops() -> None:
+        with for_range(b, init_lo, init_hi, name="init") as i:
+            _store(b, ident, o, i)
+        if len(dims) == 1:
+            inner([i64(0)] * len(zeros))
+        else:
+            nest(b, dims, zeros, inner, outer=(lo, hi) if split else None, depth=len(dims) - 1)
+
+    # sin and cos in a fused body: cheap pass first, as elementwise kernels (see loops.py); the
+    # second pass starts again from the identity
+    with_trig_fallback(b, loops)
     b.ret_void()
     work = sum(t.nbytes for t in ins) + out.nbytes + int(size * cost)
     if columns:
