@@ -124,11 +124,11 @@ def test_views_are_free_and_transpose_costs_its_bytes():
 
 
 def test_map_reduce_and_epilogue_work():
-    w = work("map_reduce", {"body": mod("""
+    w = work("map_reduce", mod("""
     func @f(%x: f32[8,4], %y: f32[4]) -> f32[8] {
       %s = map_reduce %x, %y, body=mul($0, $1), reduce=sum, axes=[1] : f32[8]
       return %s
-    }""")["f"].body[0].attr["body"]}, [f32[8, 4], f32[4]], [f32[8]])
+    }""")["f"].body[0].attr, [f32[8, 4], f32[4]], [f32[8]])
     assert w.flops == LANE_FLOPS * 2 * 32 and w.bytes == 4 * (32 + 4 + 8) and w.kernels == 1
     epi = mod("""
     func @f(%x: f32[128,64], %w: f32[64,10], %b: f32[10]) -> f32[128,10] {
@@ -317,3 +317,17 @@ def test_every_layer_counts_the_cores_this_process_may_use(monkeypatch):
     assert host.usable_cores() == settings.default_threads() == 1
     monkeypatch.setattr(host.os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
     assert host.usable_cores() == settings.default_threads() == host.MAX_THREADS
+
+
+def test_a_reduction_of_the_outermost_axis_runs_on_one_core():
+    """The CPU backend splits only an outermost kept axis among threads."""
+    x = f32[1024, 1024]
+    model = Roofline("two cores", peak_flops=100e9, bandwidth=20e9, launch=0.0, cores=2,
+                     serial_work=2**20)
+    rows = work("sum", {"axes": (1,)}, [x], [f32[1024]])
+    cols = work("sum", {"axes": (0,)}, [x], [f32[1024]])
+    whole = work("sum", {"axes": (0, 1)}, [x], [f32[()]])
+    assert not rows.one_core and cols.one_core and whole.one_core
+    assert work("sum", {"axes": (1,)}, [f32[1, 1024]], [f32[1]]).one_core
+    assert model.seconds(Work(1e10, 1e6, 1, one_core=True)) == pytest.approx(
+        2 * model.seconds(Work(1e10, 1e6, 1)), rel=1e-3)

@@ -73,3 +73,37 @@ def test_an_expensive_producer_is_computed_once(name, dtype):
     written, chosen = evaluations(m), evaluations(out)
     assert all(chosen[op] == written[op] for op in EXPENSIVE), f"{name} ({dtype}):\n{out}"
     assert eqsat.cost(out, HOST) <= eqsat.cost(m, HOST)
+
+
+COLUMN_SUMS = {
+    "sum over axis 0": ("axes=[0]", "T[1024]"),
+    "sum over both axes": ("axes=[0,1]", "T[]"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+@pytest.mark.parametrize("name", COLUMN_SUMS)
+def test_an_expensive_map_stays_out_of_a_one_thread_reduction(name, dtype):
+    """The backend runs a reduction of the outermost axis on one thread: tanh fused into a
+    column sum ran 1.5x (f32) and 1.2x (f64) slower than tanh on both cores and then the sum."""
+    axes, result = COLUMN_SUMS[name]
+    text = f"""module @m
+func @f(%x: T[1024,1024]) -> {result} {{
+  %t = tanh %x : T[1024,1024]
+  %s = sum %t, {axes} : {result}
+  return %s
+}}""".replace("T[", f"{dtype}[")
+    m = eqsat.parse(text)
+    out = eqsat.optimize(m, target=HOST)
+    assert "map_reduce" not in evaluations(out), f"{name} ({dtype}):\n{out}"
+    assert eqsat.cost(out, HOST) <= eqsat.cost(m, HOST)
+
+
+def test_a_row_sum_still_fuses_its_map():
+    m = eqsat.parse("""module @m
+func @f(%x: f32[1024,1024]) -> f32[1024] {
+  %t = tanh %x : f32[1024,1024]
+  %s = sum %t, axes=[1] : f32[1024]
+  return %s
+}""")
+    assert "map_reduce" in evaluations(eqsat.optimize(m, target=HOST))
