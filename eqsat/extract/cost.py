@@ -92,12 +92,18 @@ def elementwise_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
 
 
 def one_thread(domain: Sequence[int], axes: Sequence[int]) -> bool:
-    """Whether a reduction over `axes` of `domain` runs on one thread: the CPU backend splits
-    only an outermost kept axis among threads (`llvm_kernels.reduce_kernel`), so a column
-    reduction or a full one runs on one core. Measured (1024x1024 f32, 2 cores): a fused
-    sum(tanh(x)) over axis 0 took 307 us against 157 over axis 1."""
-    outer = next((d for d, n in enumerate(domain) if n != 1), None)
-    return outer is None or outer in axes
+    """Whether a reduction over `axes` of `domain` runs on one thread. The CPU backend
+    (`llvm_kernels.reduce_kernel`) splits an outermost kept axis among threads, or, where the
+    reduced axes all come before the kept ones (a column sum), the kept columns; a full
+    reduction, or one whose reduced and kept axes interleave below a reduced outer axis, runs
+    on one core. Measured (1024x1024 f32, 2 cores): a fused full sum of tanh(x) took 260 us
+    against 229 as tanh on both cores and then the sum."""
+    reduced = [d in axes for d, n in enumerate(domain) if n != 1]
+    if not reduced or all(reduced):
+        return True
+    if not reduced[0]:
+        return False
+    return any(reduced[reduced.index(False):])
 
 
 def reduction_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
