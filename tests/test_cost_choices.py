@@ -7,6 +7,7 @@ depend on the machine the tests run on."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
@@ -49,19 +50,19 @@ func @f(%x: T[1024,1024], %y: T[1024,1024]) -> (T[1024,1024], T[1024,1024], T[10
 EXPENSIVE = ("exp", "tanh", "sin")
 
 
+def _body_ops(e: object) -> Iterator[str]:
+    if isinstance(e, App):
+        yield e.op
+        for a in e.args:
+            yield from _body_ops(a)
+
+
 def evaluations(m: eqsat.Module) -> Counter:
     """How many times each op is written in the program, inside fused bodies too."""
-    count: Counter = Counter()
-    stack = []
-    for s in m.functions[0].body:
-        count[s.op] += 1
-        if "body" in s.attr:
-            stack.append(s.attr["body"])
-    while stack:
-        e = stack.pop()
-        if isinstance(e, App):
-            count[e.op] += 1
-            stack.extend(e.args)
+    body = m.functions[0].body
+    count = Counter(s.op for s in body)
+    for s in body:
+        count.update(_body_ops(s.attr.get("body")))
     return count
 
 
