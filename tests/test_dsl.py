@@ -357,6 +357,23 @@ def test_call_with_a_scalar_argument():
     close(run(user, np.ones(3, np.float32)), np.full(3, 2, np.float32))
 
 
+def test_call_with_only_scalar_arguments_inside_a_trace_is_a_call():
+    @function
+    def square(s: f32[()]):
+        return s * s
+
+    @function
+    def user(x: f32[3]):
+        return x * square(3.0)  # no traced argument: still a call, not an eager run
+
+    assert f"call @{square.name}(%" in str(user)
+    close(run(user, np.ones(3, np.float32)), np.full(3, 9, np.float32))
+    with pytest.raises(Error, match="numpy array"):
+        @function
+        def eager_inside(x: f32[3]):
+            return x * square(np.ones((), np.float32))
+
+
 def make_layer(n):
     @function
     def layer(x: f32[4]):

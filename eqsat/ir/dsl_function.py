@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import Error, InterpretError, UnknownFunction
-from .dsl_trace import Tracer, active_trace, constant, describe, literal, trace_error, tracing
+from .dsl_trace import (Tracer, active_trace, constant, current_trace, describe, literal,
+                        trace_error, tracing)
 from .interpreter import bind_arguments, interpret
 from .module import Function, GradDecl, Item, Module, Param, Stmt, _expand
 from .printer import format_function, format_grad_decl
@@ -132,7 +133,10 @@ class TracedFunction:
         return self._signature
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        traced = any(isinstance(v, Tracer) for v in (*args, *kwargs.values()))
+        # Called while another function is traced, even with Python scalars only, it is a
+        # `call` there: run eagerly, it would hand that trace an array it cannot use.
+        traced = current_trace() is not None or any(
+            isinstance(v, Tracer) for v in (*args, *kwargs.values()))
         values = list(bind_arguments(self.name, self.signature.params, args, kwargs,
                                      trace_error if traced else InterpretError))
         if traced:
@@ -141,7 +145,8 @@ class TracedFunction:
 
     def _emit_call(self, values: list[Any]) -> Tracer | tuple[Tracer, ...]:
         what = f"call @{self.name}"
-        trace = active_trace(what, values)
+        has_tracer = any(isinstance(v, Tracer) for v in values)
+        trace = active_trace(what, values) if has_tracer else current_trace()
         sig = self.signature
         operands = []
         for i, (v, p) in enumerate(zip(values, sig.params)):

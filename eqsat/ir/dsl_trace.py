@@ -103,6 +103,12 @@ def tracing(name: str) -> Iterator[Trace]:
         trace.closed = True
 
 
+def current_trace() -> Trace | None:
+    """The innermost trace running now, or None outside `@eqsat.function`."""
+    stack = _stack()
+    return stack[-1] if stack else None
+
+
 def active_trace(what: str, values: Sequence[Any]) -> Trace:
     """The trace the traced values among `values` belong to; it must be the one running now."""
     tracers = [v for v in values if isinstance(v, Tracer)]
@@ -110,8 +116,7 @@ def active_trace(what: str, values: Sequence[Any]) -> Trace:
         got = ", ".join(describe(v) for v in values)
         raise trace_error(f"{what} needs a traced value (a parameter of an @eqsat.function or "
                           f"an expression of one), got {got}")
-    stack = _stack()
-    current = stack[-1] if stack else None
+    current = current_trace()
     for t in tracers:
         if t.trace.closed:
             raise trace_error(f"{what}: %{t.name} belongs to @{t.trace.name}, whose tracing has "
