@@ -7,6 +7,7 @@ import pickle
 from importlib import resources
 
 import numpy as np
+import pytest
 
 import eqsat
 from eqsat.ir import Function, Module, Param, Stmt
@@ -147,3 +148,13 @@ def test_integer_literal_too_large_for_a_float_is_a_parse_error():
         assert (e.line, e.col) == (2, 14) and "too large" in str(e)
     else:
         raise AssertionError("no error")
+
+
+def test_a_leading_byte_order_mark_is_skipped():
+    text = "module @m\nfunc @f(%x: f32[3]) -> f32[3] {\n  %a = neg %x : f32[3]\n  return %a\n}\n"
+    assert eqsat.parse("\ufeff" + text) == eqsat.parse(text)
+    assert eqsat.parse(("\ufeff" + text).encode()) == eqsat.parse(text)
+    with pytest.raises(eqsat.ParseError, match="line 1, col 11:"):  # columns as editors count
+        eqsat.parse("\ufeffmodule @m funk")
+    rules = eqsat.rules.parse("\ufeffrule swap: add(?x, ?y) => add(?y, ?x)")
+    assert [r.name for r in rules.rules] == ["swap"]

@@ -355,4 +355,5 @@ def parse_module(text: str | bytes, source: str | None = None) -> Module:
             raise ParseError(f"the text is not UTF-8 (byte {e.start})", 1, 1, source) from None
     if not isinstance(text, str):
         raise ParseError(f"expected text, got {type(text).__name__}", 0, 0, source)
-    return _Parser(text, source).module()
+    # Editors on Windows start UTF-8 files with a byte order mark; it is not part of the text.
+    return _Parser(text.removeprefix("\ufeff"), source).module()

@@ -360,7 +360,7 @@ def parse(text: str, name: str = "rules") -> RuleSet:
     if not isinstance(text, str):
         raise ParseError(f"expected rule text, got {type(text).__name__}", 0, 0)
     try:
-        return RuleSet(RuleParser(text).rules(), name)
+        return RuleSet(RuleParser(text.removeprefix("\ufeff")).rules(), name)  # a BOM is no rule
     except RecursionError:
         raise ParseError("a pattern nests too deeply to parse (hundreds of levels); split the "
                          "rule into smaller ones", 1, 1) from None
