@@ -121,6 +121,17 @@ def test_annotation_errors():
             return x
 
 
+def test_misspelled_tensor_types_say_how_to_write_them():
+    """f32[3][4] and f32() raised Python's TypeError ('not subscriptable', 'not callable')."""
+    from eqsat.errors import Error
+
+    with pytest.raises(Error, match=r"written in one subscript, f32\[3, 4\], not f32\[3\]\[4\]"):
+        f32[3][4]
+    with pytest.raises(Error, match=r"f32 is a dtype, not a function: write f32\[3, 4\]"):
+        f32()
+    assert DType("f32") is f32  # looking a dtype up by name still works
+
+
 def test_result_errors_and_escaped_values():
     with pytest.raises(TraceError, match="returns nothing"):
         @function

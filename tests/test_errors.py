@@ -250,3 +250,9 @@ def test_arrays_of_the_other_byte_order_are_read_as_their_values():
     np.testing.assert_array_equal(eqsat.interpret(m, "f", i, x), want)
     with pytest.raises(eqsat.Error, match=r"must be f32\[3\], got a >f8 array"):
         exe.f(i, x.astype(">f8"))
+
+
+def test_a_sum_of_bools_says_to_cast_first():
+    with pytest.raises(eqsat.Error, match=r"got bool\[3\] \(cast it to i32 or f32 first"):
+        eqsat.parse("func @f(%x: bool[3]) -> bool[] {\n  %s = sum %x, axes=[0] : bool[]\n"
+                    "  return %s\n}")

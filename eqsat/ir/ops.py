@@ -71,7 +71,8 @@ def register(op: OpDef) -> OpDef:
 
 def _need_numeric(t: TensorType, op: str, i: int) -> None:
     if not t.dtype.is_numeric:
-        raise OpTypeError(f"{op} needs a numeric operand, got {t}", operand=i)
+        raise OpTypeError(f"{op} needs a numeric operand, got {t} (cast it to i32 or f32 "
+                          f"first, e.g. to count trues)", operand=i)
 
 
 def _need_float(t: TensorType, op: str, i: int) -> None:

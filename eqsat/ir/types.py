@@ -66,6 +66,10 @@ class DType(enum.Enum):
             raise Error(f"{self.value}{list(ints)}: {problem}")
         return TensorType(self, ints)
 
+    def __call__(self, *args: object, **kwargs: object) -> None:
+        raise Error(f"{self.value} is a dtype, not a function: write {self.value}[3, 4] for a "
+                    f"3x4 tensor type, {self.value}[()] for a scalar")
+
     @staticmethod
     def of(dtype: np.dtype | type) -> DType:
         """The IR dtype of a numpy dtype; raises KeyError for unsupported ones."""
@@ -90,6 +94,11 @@ class TensorType:
 
     dtype: DType
     shape: tuple[int, ...]
+
+    def __getitem__(self, more: object) -> TensorType:
+        raise Error(f"{self} cannot be indexed: a shape is written in one subscript, "
+                    f"{self.dtype}[{', '.join(map(str, self.shape + (more,)))}], not "
+                    f"{self.dtype}{list(self.shape)}[{more}]")
 
     @property
     def rank(self) -> int:
