@@ -100,10 +100,13 @@ def test_f64_work_costs_more_than_f32():
     assert work("sum", {"axes": (0,)}, [f64[64]], [f64[()]]).flops == 2 * LANE_FLOPS * 64
 
 
-def test_views_are_free_and_transpose_costs_its_bytes():
+def test_reshapes_are_free_and_copies_cost_their_bytes():
     x, y = f32[256, 512], f32[512, 256]
     assert work("reshape", {}, [x], [f32[512, 256]]) == Work()
-    assert work("broadcast", {}, [f32[512]], [x]) == Work()
+    # a broadcast or a slice left standing is a copy kernel in both backends
+    assert work("broadcast", {}, [f32[512]], [x]) == Work(0.0, 4 * 512 + x.nbytes, 1)
+    window = work("slice", {"start": (0, 0), "stop": (128, 512)}, [x], [f32[128, 512]])
+    assert window == Work(0.0, 2 * f32[128, 512].nbytes, 1)  # it reads only its window
     t = work("transpose", {"perm": (1, 0)}, [x], [y])
     assert t.bytes == 2 * x.nbytes and t.flops == 0 and t.kernels == 1
     # folding the transpose into the matmul saves its whole cost

@@ -49,11 +49,13 @@ class CostModel(Protocol):
         ...
 
 
-# Views: the consumer's kernel reads through them (a reshape is the same buffer, a broadcast a
-# zero stride, a slice an offset and strides), so they cost nothing themselves; the consumer
-# pays for reading its operand at full size. A transpose is deliberately not a view: reading
-# across the inner dimension is what layout optimization is meant to avoid.
-VIEW_OPS = frozenset({"reshape", "broadcast", "slice"})
+# Views cost nothing themselves: a reshape is the same buffer. A broadcast or a slice left
+# standing is a copy kernel in both backends (a fused kernel reads its operands through
+# broadcast strides, so a broadcast fused away costs nothing); the model charged nothing for
+# them, and an LSTM cell whose gates are slices of one product measured 2x its estimate. A
+# transpose is a copy too: reading across the inner dimension is what layout optimization is
+# meant to avoid.
+VIEW_OPS = frozenset({"reshape"})
 
 WorkFn = Callable[[str, Attrs, Types, Types], Work]
 _WORK: dict[str, WorkFn] = {}
@@ -125,6 +127,11 @@ def copy_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     return Work(0.0, _moved(ins, outs), 1)
 
 
+def slice_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
+    """Reads its window of the input and writes it."""
+    return Work(0.0, 2 * _nbytes(outs), 1)
+
+
 def const_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     """A scalar constant is an immediate; a larger one is a fill kernel writing its bytes."""
     if all(t.size <= 1 for t in outs):
@@ -167,7 +174,7 @@ _BY_FAMILY: dict[str, WorkFn] = {
 # matmul_t's transposed operands are read by the same BLAS / tiled kernel with other strides
 # (gemm's transa/transb), so its layout costs nothing beyond matmul's own work.
 _WORK.update({"map": map_work, "map_reduce": map_reduce_work, "matmul_t": matmul_work,
-              "matmul_epi": matmul_epi_work})
+              "matmul_epi": matmul_epi_work, "broadcast": copy_work, "slice": slice_work})
 
 
 def work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
