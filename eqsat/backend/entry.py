@@ -23,6 +23,7 @@ from .matmul_kernels import (blas_pays, gemm_layout_ok, gemm_pays, matmul_viewed
 from .loops import i64, row_major_strides
 from .parallel import emit_kernel_call
 from .reuse import find_shares
+from .runtime import STREAM_MIN
 from .scalar import I8, I32, I64, declare
 
 ALIGN = STREAM_ALIGN  # bytes: a cache line, and the widest vector
@@ -30,14 +31,6 @@ ALIGN = STREAM_ALIGN  # bytes: a cache line, and the widest vector
 # and sums) then never share memory with each other, which lets their kernels run row-chunked
 # together (see chunks.py), for a few extra kilobytes of arena.
 KEEP_SMALL = 1 << 18
-# Results of at least this many bytes (the L3 here) are written with non-temporal stores: one
-# that large evicts the call's inputs from cache whichever way it is written. A smaller one is
-# better stored plainly: the caller usually reads it next, and a result dropped before the next
-# call leaves its buffer in cache for the next result (the allocator hands the same block back).
-# Layer norm 4096x1024 (16 MiB out) in a loop, interleaved A/B, medians: 0.75-0.79 ms plain
-# against 0.90-0.98 streamed; 3072 rows 0.59 / 0.74; only with two results kept alive did
-# streaming win (0.96 against 1.03 ms).
-STREAM_MIN = 32 << 20
 # An entry calling more kernels than this keeps them out of line: LLVM would inline each
 # (internal, called once) into the entry, and its pipeline takes time superlinear in one
 # function's size (a chain of 400 small maps: 12 s, 100 ms per kernel). A call costs
