@@ -29,3 +29,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """Compile without the in-memory cache; `threads(n, min_work)` sets the CPU backend's
+    thread split (n threads for kernels of at least min_work)."""
+    from eqsat.backend import cpu, parallel
+
+    monkeypatch.setattr(cpu, "_memory", {})
+
+    def threads(n: int, min_work: int) -> None:
+        monkeypatch.setattr(parallel, "THREADS", n)
+        monkeypatch.setattr(parallel, "PARALLEL_MIN_WORK", min_work)
+    return threads

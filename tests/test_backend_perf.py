@@ -21,17 +21,6 @@ SETTINGS = settings(max_examples=15, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture
-def fresh(monkeypatch):
-    """Compile without the caches; `threads(n, min_work)` sets the thread split."""
-    monkeypatch.setattr(cpu, "_memory", {})
-
-    def threads(n: int, min_work: int) -> None:
-        monkeypatch.setattr(parallel, "THREADS", n)
-        monkeypatch.setattr(parallel, "PARALLEL_MIN_WORK", min_work)
-    return threads
-
-
 def softmax_text(r: int, c: int, dtype: str = "f32") -> str:
     t, red, kd = f"{dtype}[{r},{c}]", f"{dtype}[{r}]", f"{dtype}[{r},1]"
     return f"""module @m
@@ -456,38 +445,6 @@ def test_compute_bound_loops_interleave_vectors_and_stay_exact(dtype):
     single = parse(f"module @m\nfunc @f(%x: {t}) -> {t} {{\n  %y = sin %x : {t}\n  return %y\n}}\n")
     assert '!"llvm.loop.interleave.count", i32 4' in lower(single)[0]
 
-
-@pytest.mark.parametrize("reduce", ["sum", "max", "min"])
-def test_column_reductions_split_over_threads_by_columns(fresh, reduce):
-    """Reducing down the columns (rows outside, kept columns inside) splits the columns
-    over threads: each thread walks every row of its own columns, in the serial order, so the
-    results are the serial ones bit for bit, odd shapes and a body included."""
-    from llvmlite import ir as llvm_ir
-
-    from eqsat.backend import llvm_kernels
-
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((37, 1003)).astype(np.float32)
-    text = f"""module @m
-func @f(%x: f32[37,1003]) -> (f32[1003], f32[1003]) {{
-  %a = {reduce} %x, axes=[0] : f32[1003]
-  %b = map_reduce %x, body=tanh(exp($0)), reduce={reduce}, axes=[0] : f32[1003]
-  return %a, %b
-}}
-"""
-    fresh(1, 1 << 40)
-    serial = compile_module(parse(text), cache_dir=None).f(x)
-    fresh(2, 0)
-    threaded = compile_module(parse(text), cache_dir=None).f(x)
-    for s, t in zip(serial, threaded):
-        np.testing.assert_array_equal(s, t)
-    np.testing.assert_allclose(threaded[0], getattr(np, reduce)(x, axis=0), rtol=1e-5)
-    np.testing.assert_allclose(threaded[1], eqsat.interpret(parse(text), "f", x)[1], rtol=1e-5)
-    m = parse(text)
-    kb = llvm_kernels.KernelBuilder(llvm_ir.Module())
-    stmt = m["f"].body[0]
-    kernel = llvm_kernels.build_kernel(kb, stmt, [m["f"].param_types[0]])
-    assert kernel.extent == 1003  # the columns: what threads split
 
 
 def test_only_results_kernels_may_stream_into_are_cache_line_aligned(fresh, monkeypatch):

@@ -166,8 +166,13 @@ def _copy_kernel(kb: KernelBuilder, name: str, out: TensorType,
     `src_size` is the element count of a single piece's source."""
     fn, b, lo, hi, (o,), ptrs = kb.function(name, [out.dtype], [out.dtype] * len(pieces))
     extent, blocks = 1, None
+    all_dims = [collapse(shape.shape, [ostr, istr]) for shape, ostr, _, istr, _ in pieces]
+    # Pieces whose outer loops all have one extent (a concat along an inner axis: each piece
+    # has the result's leading axes) are split over threads by that loop, row by row.
+    rows = {d[0][0] for d in all_dims} if all(len(d) > 1 for d in all_dims) else set()
+    shared = len(pieces) > 1 and len(rows) == 1
     for k, (shape, ostr, ooff, istr, ioff) in enumerate(pieces):
-        dims = collapse(shape.shape, [ostr, istr])
+        dims = all_dims[k]
         p = ptrs[k]
 
         def body(offs: list[ir.Value], p: ir.Value = p) -> None:
@@ -177,6 +182,9 @@ def _copy_kernel(kb: KernelBuilder, name: str, out: TensorType,
             extent = dims[0][0]
             if ooff == 0 and ioff == 0:
                 blocks = outer_blocks(extent, dims[0][1], [out.size, src_size])
+            nest(b, dims, [ooff, ioff], body, outer=(lo, hi))
+        elif shared:
+            extent = dims[0][0]
             nest(b, dims, [ooff, ioff], body, outer=(lo, hi))
         else:
             nest(b, dims, [ooff, ioff], body)
