@@ -101,7 +101,8 @@ def _read_inputs(path: str, params: tuple) -> list[np.ndarray]:
             with data:
                 arrays = {k: data[k] for k in data.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise Error(f"{path}: cannot read the inputs: {e}") from None
+        why = ("it is neither an .npz nor an .npy file" if "pickled" in str(e) else str(e))
+        raise Error(f"{path}: cannot read the inputs: {why}") from None
     if not npz:
         raise Error(f"{path}: expected an .npz file of named arrays (np.savez(path, x=...)), "
                     f"found a single array (an .npy file)")
@@ -151,8 +152,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"ran @{args.function} in {seconds * 1e3:.3f} ms "
           f"({'interpreter' if args.interpret else 'compiled'})", file=sys.stderr)
     if args.output:
-        _write(args.output, lambda p: np.savez(p, **{f"result{i}": r
-                                                     for i, r in enumerate(results)}))
+        def save(path: str) -> None:
+            # through a file object: given a name, np.savez would append ".npz" to it
+            with open(path, "wb") as f:
+                np.savez(f, **{f"result{i}": r for i, r in enumerate(results)})
+
+        _write(args.output, save)
     return 0
 
 

@@ -69,6 +69,10 @@ def test_run_compiled_and_interpreted(tmp_path, capsys):
     np.testing.assert_array_equal(np.load(out)["result0"], -np.arange(4, dtype=np.float32))
     assert main(["run", str(p), "f", "--inputs", str(inputs), "--interpret"]) == 0
     assert "interpreter" in capsys.readouterr().err
+    exact = tmp_path / "results"  # written under exactly this name, not results.npz
+    assert main(["run", str(p), "f", "--inputs", str(inputs), "-o", str(exact)]) == 0
+    assert exact.exists() and not (tmp_path / "results.npz").exists()
+    np.testing.assert_array_equal(np.load(exact)["result0"], -np.arange(4, dtype=np.float32))
     extra = tmp_path / "extra.npz"
     np.savez(extra, x=np.arange(4, dtype=np.float32), w=np.ones(2))
     assert main(["run", str(p), "f", "--inputs", str(extra)]) == 0
@@ -111,7 +115,10 @@ def test_run_refuses_files_that_are_not_npz(good, tmp_path, capsys):
     np.save(npy, np.zeros(4, np.float32))
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"PK\x03\x04 not a zip archive")
-    for path, message in ((npy, "expected an .npz file"), (bad, "cannot read the inputs")):
+    text = tmp_path / "in.eqir"  # numpy says it "contains pickled (object) data"
+    text.write_text(GOOD)
+    for path, message in ((npy, "expected an .npz file"), (bad, "cannot read the inputs"),
+                          (text, "it is neither an .npz nor an .npy file")):
         assert main(["run", p, "f", "--inputs", str(path)]) == 1
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
