@@ -110,6 +110,17 @@ def test_integer_literal_for_a_float_constant():
     assert a.dtype == np.float32 and a.tolist() == [3.0, 3.0] and b == -2.0
 
 
+def test_signed_special_literals_read_like_signed_numbers():
+    """+5 was accepted and +inf was not; -nan is nan (its sign means nothing to eqsat)."""
+    m = eqsat.parse("func @f(%x: f32[2]) -> (f32[2], f32[2]) {\n  %a = const +inf : f32[2]\n"
+                    "  %b = const -nan : f32[2]\n  %y = map %x, body=add($0, +inf) : f32[2]\n"
+                    "  return %y, %b\n}")
+    assert "const inf : f32[2]" in str(m) and "const nan : f32[2]" in str(m)
+    assert "body=add($0, inf)" in str(m) and eqsat.parse(str(m)) == m
+    y, b = eqsat.interpret(m, "f", np.ones(2, np.float32))
+    assert np.isposinf(y).all() and np.isnan(b).all()
+
+
 def test_zero_sign_makes_modules_differ():
     """const 0.0 and const -0.0 are different programs (1 / x tells them apart): equality and
     hashing must see it, or caches keyed by the module mix them up (a module with grad

@@ -21,7 +21,7 @@ _TOKEN = re.compile(
   | (?P<fname>@[A-Za-z0-9_.]+)
   | (?P<arrow>->)
   | (?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
-  | (?P<ident>-?[A-Za-z_][A-Za-z0-9_.]*)
+  | (?P<ident>[-+]?[A-Za-z_][A-Za-z0-9_.]*)
   | (?P<arg>\$[0-9]+)
   | (?P<punct>[()\[\]{},:=])
     """,
@@ -240,8 +240,10 @@ class _Parser:
         tok = self.tok
         if tok.kind == "number":
             return self.number(), tok
-        words = {"true": True, "false": False, "inf": float("inf"), "-inf": float("-inf"),
-                 "nan": float("nan")}
+        # signed like numbers: +inf as +5, and a NaN's sign carries no meaning here
+        words = {"true": True, "false": False, "inf": float("inf"), "+inf": float("inf"),
+                 "-inf": float("-inf"), "nan": float("nan"), "+nan": float("nan"),
+                 "-nan": float("nan")}
         if tok.kind == "ident" and tok.text in words:
             self.next()
             return words[tok.text], tok
