@@ -80,11 +80,6 @@ def _moved(ins: Types, outs: Types) -> float:
 LANE_FLOPS = 2.0
 
 
-def _wide(types: Types) -> float:
-    """2 where the elements are 8 bytes wide (half the lanes of a vector), else 1."""
-    return 2.0 if any(t.dtype.itemsize == 8 for t in types) else 1.0
-
-
 def elementwise_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     """The op's element_cost in its operands' dtype (measured on the generated code:
     transcendentals are polynomials of a dozen or more multiply-adds, sin's argument reduction
@@ -109,8 +104,9 @@ def one_thread(domain: Sequence[int], axes: Sequence[int]) -> bool:
 
 
 def reduction_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
-    """One simple operation per input element."""
-    return Work(LANE_FLOPS * _wide(ins) * sum(t.size for t in ins), _moved(ins, outs), 1,
+    """One simple operation (the combine, in the input's dtype) per input element."""
+    per = element_cost(op, compute_dtype(ins)) * LANE_FLOPS
+    return Work(per * sum(t.size for t in ins), _moved(ins, outs), 1,
                 one_thread(ins[0].shape, attrs["axes"]))
 
 
@@ -119,7 +115,8 @@ def matmul_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     stored layout), a.size * n = batch*m*k*n, so transposed-operand variants are priced by the
     same formula."""
     n = outs[0].shape[-1] if outs[0].rank else 1
-    return Work(2.0 * _wide(ins[:2]) * ins[0].size * n, _moved(ins, outs), 1)
+    lanes = 2.0 if compute_dtype(ins[:2]).itemsize == 8 else 1.0
+    return Work(2.0 * lanes * ins[0].size * n, _moved(ins, outs), 1)
 
 
 def copy_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
@@ -153,7 +150,8 @@ def map_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
 def map_reduce_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
     """Body operations plus one reduction operation per element of the broadcast domain."""
     shape = tuple(domain(list(ins))) if ins else ()
-    ops = body_flops(attrs["body"], ins, shape) + _wide(ins) * math.prod(shape)
+    combine = element_cost(attrs["reduce"], compute_dtype(ins))
+    ops = body_flops(attrs["body"], ins, shape) + combine * math.prod(shape)
     return Work(LANE_FLOPS * ops, _moved(ins, outs), 1, one_thread(shape, attrs["axes"]))
 
 
