@@ -187,7 +187,8 @@ def literal(value: Any, t: TensorType, what: str) -> Scalar:
         value = int(value)
         info = np.iinfo(t.dtype.np)
         if not info.min <= value <= info.max:  # (str() of a 5000-digit int is a ValueError)
-            shown = value if value.bit_length() <= 256 else f"an integer of {value.bit_length()} bits"
+            bits = value.bit_length()
+            shown = value if bits <= 256 else f"an integer of {bits} bits"
             raise trace_error(f"{what}: {shown} does not fit in {t.dtype}")
         return value
     try:

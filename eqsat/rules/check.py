@@ -3,15 +3,15 @@
 For each rule, hypothesis draws a seed; from it the checker draws types for the left side's
 variables (small dims, and around the sizes and ranks its conditions name; shapes shared
 between variables often, so that guards and matmul chains are satisfiable), attributes left
-open, and values in [-4, 4] mixed with 0, -0, 1, -1 and tiny/negative numbers. Instances whose left side does not verify or whose condition is false
-are redrawn. Both sides become IR functions, run by the reference interpreter, and are compared
-(float tolerance scaled to the magnitudes involved; NaN must match NaN). A right side that does
-not verify, or a difference, raises `UnsoundRule` with the rule name and the counterexample.
-A right side's computed int lists (`shape=permute(?s, ?p)`, `lpad(shape(?x), ?s)`) are
-evaluated by the reference semantics of `lang.SHAPE_FNS`; where one is undefined the rule would
-not fire, so the instance is redrawn. The check is of real-number identities over a bounded
-range: floating-point overflow far out (log(exp(x)) for x > 88) is outside it.
-"""
+open, and values in [-4, 4] mixed with 0, -0, 1, -1 and tiny/negative numbers. Instances whose
+left side does not verify or whose condition is false are redrawn. Both sides become IR
+functions, run by the reference interpreter, and are compared (float tolerance scaled to the
+magnitudes involved; NaN must match NaN). A right side that does not verify, or a difference,
+raises `UnsoundRule` with the rule name and the counterexample. A right side's computed int
+lists (`shape=permute(?s, ?p)`, `lpad(shape(?x), ?s)`) are evaluated by the reference semantics
+of `lang.SHAPE_FNS`; where one is undefined the rule would not fire, so the instance is
+redrawn. The check is of real-number identities over a bounded range: floating-point overflow
+far out (log(exp(x)) for x > 88) is outside it."""
 
 from __future__ import annotations
 
@@ -265,7 +265,8 @@ class _Instance:
         if dtype is None:
             if p.op == "const":
                 v = a["value"]
-                dtype = self.int_dtype if isinstance(v, Num) and isinstance(v.value, int) else self.dtype
+                literal_int = isinstance(v, Num) and isinstance(v.value, int)
+                dtype = self.int_dtype if literal_int else self.dtype
             else:
                 dtype = x.dtype if p.op != "cast" else self.dtype
         if shape is None:
