@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +20,10 @@ import numpy as np
 if hasattr(os, "sched_setaffinity"):
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import eqsat  # noqa: E402
+import harness  # noqa: E402
 from eqsat.ir.ops import element_cost  # noqa: E402
 from eqsat.ir.types import DType  # noqa: E402
 
@@ -52,14 +53,7 @@ def kernel_seconds(op: str, dtype: str) -> float:
                     f"  %y = map %x, body={body} : {ty}\n  return %y\n}}\n")
     exe = eqsat.compile(m, optimize=False)
     x = np.random.default_rng(0).uniform(0.1, 0.9, N).astype(DType(dtype).np)
-    exe.f(x)
-    times = []
-    deadline = time.perf_counter() + 0.5
-    while time.perf_counter() < deadline or len(times) < 50:
-        t0 = time.perf_counter()
-        exe.f(x)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
+    return harness.median_seconds(lambda: exe.f(x), budget=0.5, min_runs=50)
 
 
 def main() -> None:

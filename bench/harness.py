@@ -62,6 +62,19 @@ def interleaved_medians(fns: dict[str, Callable[[], Any]], seconds: float, round
             {k: float(np.median(v)) for k, v in cpu.items()})
 
 
+def median_seconds(f: Callable[[], Any], budget: float = 0.3, min_runs: int = 5) -> float:
+    """Median seconds of `f()` over `budget` seconds of calls (at least `min_runs`), after one
+    call to warm it up: one function alone, where no peer needs interleaving."""
+    f()
+    ts: list[float] = []
+    start = time.perf_counter()
+    while len(ts) < min_runs or time.perf_counter() - start < budget:
+        t0 = time.perf_counter()
+        f()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
 def first_call_seconds(f: Callable[[], Any]) -> float:
     """Seconds of the first call of `f` (a peer's tracing and compiling)."""
     t0 = time.perf_counter()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,17 +27,6 @@ from eqsat.extract.cost import cost_model  # noqa: E402
 from eqsat.ir.module import Function, Module, Param, Stmt  # noqa: E402
 
 FREE_OPS = {"reshape"}  # views: no kernel runs for them
-
-
-def _median_seconds(f, budget: float = 0.3, min_runs: int = 5) -> float:
-    f()
-    ts: list[float] = []
-    start = time.perf_counter()
-    while len(ts) < min_runs or time.perf_counter() - start < budget:
-        t0 = time.perf_counter()
-        f()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
 
 
 def _alone(fn: Function, stmt: Stmt) -> Module:
@@ -69,7 +57,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     whole = harness.compile_here(module)
     inputs = w.make_inputs(rng)
-    total = _median_seconds(lambda: whole(w.func, *inputs))
+    total = harness.median_seconds(lambda: whole(w.func, *inputs))
     fn = module[w.func]
     views = plan_function(fn, {}).views
     model = cost_model("cpu")
@@ -81,7 +69,7 @@ def main() -> None:
         mod = _alone(fn, stmt)
         exe = harness.compile_here(mod)
         args_ = [_random(p.type, rng) for p in mod["k"].params]
-        t = _median_seconds(lambda: exe("k", *args_))
+        t = harness.median_seconds(lambda: exe("k", *args_))
         est = model.stmt_cost(stmt.op, stmt.attr, [types[o] for o in stmt.operands], stmt.types)
         rows.append((t, est, stmt))
     rows.sort(key=lambda r: -r[0])
