@@ -6,74 +6,22 @@ Each kernel family has hand-written programs whose shapes make the backend choos
 path named in the test (asserted from the launch plan, so a test cannot silently drift to an
 easier path). Hypothesis draws shapes for the families whose code path depends on them
 (reductions, transposes, products) and random modules, optimized or not, for what nobody
-thought of. Shapes stay small: a block that synchronizes runs 256 OS threads.
+thought of: those are in test_cuda_emulated_drawn.py. Shapes stay small: a block that
+synchronizes runs 256 OS threads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
-from hypothesis import strategies as st
 
 import eqsat
 from eqsat.backend import nvptx_kernels, nvptx_layout, nvptx_matmul, nvptx_target
-from eqsat.ir import DType
-from eqsat.testing import inputs, modules
-from eqsat.testing.equivalence import compare
 
-from gpu_emulator import EmulatedCuda, jit_unavailable
+from cuda_helpers import NEEDS_EMULATOR, assert_same, check, module, whats
+from gpu_emulator import EmulatedCuda
 
-RTOL, ATOL = 1e-5, 1e-5
-_UNAVAILABLE = jit_unavailable()
-pytestmark = pytest.mark.skipif(_UNAVAILABLE is not None, reason=str(_UNAVAILABLE))
-
-
-def module(text: str) -> eqsat.Module:
-    return eqsat.parse("module @t\n" + text)
-
-
-def arguments(f: eqsat.ir.Function, seed: int, low: float = -2.0, high: float = 2.0
-              ) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = []
-    for p in f.params:
-        t = p.type
-        if t.dtype is DType.bool:
-            a = rng.random(t.shape) < 0.5
-        elif t.dtype.is_int:
-            a = rng.integers(-9, 10, t.shape)
-        else:
-            a = rng.uniform(low, high, t.shape)
-        out.append(np.asarray(a, t.dtype.np))
-    return out
-
-
-def assert_same(emu: EmulatedCuda, m: eqsat.Module, name: str, args: Sequence[np.ndarray],
-                rtol: float = RTOL, atol: float = ATOL) -> None:
-    """The emulated kernels give `interpret`'s results (NaN and infinities in place)."""
-    got, want = emu(name, *args), eqsat.interpret(m, name, *args)
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(got) == len(want)
-    for k, (g, w) in enumerate(zip(got, want)):
-        why = compare(g, w, rtol, atol)
-        assert why is None, f"@{name} result {k}: emulated GPU vs interpret: {why}"
-
-
-def check(m: eqsat.Module, seed: int = 0, **tolerance: float) -> EmulatedCuda:
-    """Every function of `m` (gradients expanded) on the emulator against `interpret`."""
-    m = eqsat.differentiate(m)
-    emu = EmulatedCuda(m)
-    for f in m.functions:
-        assert_same(emu, m, f.name, arguments(f, seed), **tolerance)
-    return emu
-
-
-def whats(emu: EmulatedCuda, name: str = "f") -> list[str]:
-    return [k.what for k in emu.launches(name)]
+pytestmark = NEEDS_EMULATOR
 
 
 # ---------------------------------------------------------------- elementwise
@@ -418,97 +366,3 @@ func @step = value_and_grad @loss wrt %w, %b""")
     opt = eqsat.optimize(eqsat.differentiate(m), target="cuda",
                          limits=eqsat.Limits(iterations=6, seconds=5))
     check(opt, rtol=1e-4, atol=1e-5)
-
-
-# ---------------------------------------------------------------- random programs
-
-HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large]
-
-
-@settings(max_examples=60, deadline=None, database=None, suppress_health_check=HEALTH)
-@given(data=st.data())
-def test_random_modules(data):
-    m = data.draw(modules(max_functions=2, max_stmts=6))
-    emu = EmulatedCuda(m)
-    for f in m.functions:
-        assert_same(emu, m, f.name, data.draw(inputs(f)), rtol=1e-4, atol=1e-5)
-
-
-@settings(max_examples=20, deadline=None, database=None, suppress_health_check=HEALTH)
-@given(data=st.data())
-def test_random_modules_optimized_for_cuda(data):
-    m = data.draw(modules(max_functions=2, max_stmts=6, dtypes=[DType.f32, DType.f64]))
-    opt = eqsat.optimize(m, target="cuda", limits=eqsat.Limits(iterations=4, seconds=3))
-    emu = EmulatedCuda(opt)
-    for f in m.functions:
-        assert_same(emu, m, f.name, data.draw(inputs(f)), rtol=1e-4, atol=1e-5)
-
-
-# ---------------------------------------------------------------- kernel families, drawn
-
-BLOCKS = 24  # synchronizing blocks one drawn case may launch (each runs 256 OS threads)
-
-
-def affordable(emu: EmulatedCuda, name: str = "f") -> bool:
-    sync = emu.kernels.sync
-    return sum(int(np.prod(k.grid)) for k in emu.launches(name) if k.name in sync) <= BLOCKS
-
-
-def drawn(data: st.DataObject, text: str, name: str = "f") -> None:
-    m = module(text)
-    emu = EmulatedCuda(m)
-    assume(affordable(emu, name))
-    f = m[name]
-    args = data.draw(inputs(f))
-    assert_same(emu, m, name, args, rtol=1e-4, atol=1e-4)
-
-
-def dims(data: st.DataObject, rank: tuple[int, int], most: int, total: int) -> list[int]:
-    """A shape of `rank` axes of at most `most` each and at most `total` elements."""
-    shape: list[int] = []
-    for _ in range(data.draw(st.integers(*rank))):
-        room = total // int(np.prod(shape))
-        shape.append(data.draw(st.integers(1, max(1, min(most, room)))))
-    return shape
-
-
-def ty(dtype: str, shape: list[int]) -> str:
-    return f"{dtype}[{','.join(map(str, shape))}]"
-
-
-@settings(max_examples=30, deadline=None, database=None, suppress_health_check=HEALTH)
-@given(data=st.data())
-def test_drawn_reductions(data):
-    shape = dims(data, (1, 3), 1500, 3000)
-    axes = sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1)))
-    dtype = data.draw(st.sampled_from(["f32", "f64", "i32", "i64"]))
-    op = data.draw(st.sampled_from(["sum", "max", "min"]))
-    out = ty(dtype, [d for i, d in enumerate(shape) if i not in axes])
-    drawn(data, f"func @f(%x: {ty(dtype, shape)}) -> {out} {{\n"
-                f"  %0 = {op} %x, axes={axes} : {out}\n  return %0\n}}")
-
-
-@settings(max_examples=40, deadline=None, database=None, suppress_health_check=HEALTH)
-@given(data=st.data())
-def test_drawn_transposes(data):
-    shape = dims(data, (2, 4), 70, 4000)
-    perm = data.draw(st.permutations(range(len(shape))))
-    dtype = data.draw(st.sampled_from(["f32", "f64", "i32", "bool"]))
-    out = ty(dtype, [shape[p] for p in perm])
-    drawn(data, f"func @f(%x: {ty(dtype, shape)}) -> {out} {{\n"
-                f"  %0 = transpose %x, perm={list(perm)} : {out}\n  return %0\n}}")
-
-
-@settings(max_examples=25, deadline=None, database=None, suppress_health_check=HEALTH)
-@given(data=st.data())
-def test_drawn_matmuls(data):
-    batch = dims(data, (0, 2), 3, 4)
-    m, n, k = (data.draw(st.integers(1, hi)) for hi in (80, 80, 40))
-    ta, tb = data.draw(st.booleans()), data.draw(st.booleans())
-    dtype = data.draw(st.sampled_from(["f32", "f64", "i32", "i64"]))
-    a = ty(dtype, batch + ([k, m] if ta else [m, k]))
-    b = ty(dtype, batch + ([n, k] if tb else [k, n]))
-    out = ty(dtype, batch + [m, n])
-    drawn(data, f"func @f(%a: {a}, %b: {b}) -> {out} {{\n"
-                f"  %0 = matmul_t %a, %b, ta={int(ta)}, tb={int(tb)} : {out}\n"
-                f"  return %0\n}}")
