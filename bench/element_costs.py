@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import eqsat  # noqa: E402
 import harness  # noqa: E402
-from eqsat.ir.ops import element_cost  # noqa: E402
+from eqsat.ir.op_costs import element_cost  # noqa: E402
 from eqsat.ir.types import DType  # noqa: E402
 
 N = 1 << 16

@@ -12,7 +12,7 @@ from eqsat.extract import (CUDA, TARGETS, EGraph, Roofline, Work, cost_model, fu
 from eqsat.extract import machine
 from eqsat.extract.cost import LANE_FLOPS, OVERLAP, body_flops
 from eqsat.ir import DType
-from eqsat.ir.ops import element_cost
+from eqsat.ir.op_costs import element_cost
 
 f32 = DType.f32
 

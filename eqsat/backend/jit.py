@@ -77,12 +77,14 @@ def lanes(itemsize: int) -> int:
 
 @functools.cache
 def fingerprint() -> str:
-    """What compiled code depends on besides the program: target, llvmlite, and this backend's
-    own source (so a changed code generator never reuses stale objects). Computed once per
-    process: the source a process runs is the source it imported."""
+    """What compiled code depends on besides the program: target, llvmlite, this backend's
+    own source and the op costs it decides threading and interleaving by (so a changed code
+    generator never reuses stale objects). Computed once per process: the source a process
+    runs is the source it imported."""
     h = hashlib.sha256()
     h.update("\0".join((*host(), llvmlite.__version__)).encode())
-    for path in sorted(Path(__file__).parent.glob("*.py")):
+    here = Path(__file__).parent
+    for path in [*sorted(here.glob("*.py")), here.parent / "ir" / "op_costs.py"]:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ..ir.module import Stmt
-from ..ir.ops import element_cost, lookup
+from ..ir.op_costs import element_cost
+from ..ir.ops import lookup
 from ..ir.types import DType, TensorType
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
                     streamed_nest, with_trig_fallback)

@@ -20,7 +20,8 @@ from ..errors import Error
 from ..host import PARALLEL_MIN_WORK, usable_cores
 from ..ir.fused import body_flops, compute_dtype, domain
 from ..ir.module import Function, Module
-from ..ir.ops import OPS, element_cost
+from ..ir.op_costs import element_cost
+from ..ir.ops import OPS
 from ..ir.types import TensorType
 from ..ir.verifier import verify
 

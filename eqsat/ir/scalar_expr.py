@@ -22,7 +22,8 @@ from typing import Any, TypeVar, Union
 
 import numpy as np
 
-from .ops import OPS, OpTypeError, element_cost, literal_fits
+from .op_costs import element_cost
+from .ops import OPS, OpTypeError, literal_fits
 from .printer import format_literal
 from .types import DType, TensorType
 
