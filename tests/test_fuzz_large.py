@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 import eqsat
 from eqsat.backend import LoweringError, cpu, entry, matmul_kernels
 from eqsat.backend import gemm as gemm_mod
+from eqsat.backend import views as views_mod
+from eqsat.backend.views import find_views
 from eqsat.ir import DType
 
 from backend_paths import count_paths
@@ -191,7 +193,7 @@ def test_views_outside_gemm_layout_ok_are_never_read_wrong(perm, monkeypatch) ->
     (gemm_layout_ok said yes wrongly), lowering refuses instead of reading it as a plain
     transpose (wrong results, seen for perm (2, 1, 0)); the generated GEMM reads any
     strides, so there the forced view is right."""
-    monkeypatch.setattr(entry, "gemm_layout_ok", lambda view, shape: True)
+    monkeypatch.setattr(views_mod, "gemm_layout_ok", lambda view, shape: True)
     b, m, k, n = 3, 300, 257, 128
     for route in ("gemm", "blas"):
         monkeypatch.setattr(gemm_mod, "ENABLED", route == "gemm")
@@ -271,7 +273,7 @@ def test_generated_gemm_reads_layouts_the_blas_cannot(perm, monkeypatch) -> None
         monkeypatch.setattr(gemm_mod, "ENABLED", route == "gemm")
         case = tmm_case(DType.f32, 3, 300, 257, 128, perm)
         fn = case.module[case.names[0]]
-        views = entry.gemm_views(fn, range(len(fn.body)))
+        views, _ = find_views(fn, range(len(fn.body)))
         assert bool(views) == (route == "gemm"), (route, views)
         exe = _compile_fresh(case.module, monkeypatch)
         args = arguments(case, "tmm")

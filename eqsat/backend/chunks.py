@@ -85,12 +85,13 @@ def try_join(group: Group, m: Member, where: Callable[[str], Buffer]) -> bool:
     for idx, (v, blk, size) in enumerate(zip(m.values, k.blocks, m.itemsizes)):
         if v in produced and (idx < n_out or blk is None or blk * f * size != produced[v]):
             return False
-    # No two distinct buffers the group touches may share memory (the arena reuses dead
-    # buffers: chunked, a later kernel would overwrite rows an earlier one has yet to read).
+    # No buffer the group writes may share memory with another it touches (the arena reuses
+    # dead buffers: chunked, a later kernel would overwrite rows an earlier one has yet to
+    # read). Buffers it only reads may: two slices of one product (see views.py).
+    written = {g.values[0] for g in group.members} | {m.values[0]}
     touched = {v for g in group.members for v in g.values} | set(m.values)
-    places = [where(v) for v in touched]
-    for i, a in enumerate(places):
-        if any(_overlap(a, b) for b in places[i + 1:]):
+    for v in written:
+        if any(_overlap(where(v), where(u)) for u in touched if u != v):
             return False
     group.members.append(m)
     group.extent = extent

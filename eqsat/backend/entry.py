@@ -13,18 +13,18 @@ from dataclasses import dataclass, field
 
 from llvmlite import ir
 
-from ..ir.module import Function, Module, Stmt
+from ..ir.module import Function, Module
 from ..ir.types import TensorType
 from . import blas, fused_kernels  # (importing fused_kernels registers the fused ops' kernels)
 from .chunks import Buffer, Group, Member, group_kernel, try_join
 from .llvm_kernels import STREAM_ALIGN, Kernel, KernelBuilder, build_kernel
-from .matmul_kernels import (blas_pays, gemm_layout_ok, gemm_pays, matmul_viewed,
-                             uses_packed_gemm)
+from .matmul_kernels import matmul_viewed, uses_packed_gemm
 from .loops import i64, row_major_strides
 from .parallel import emit_kernel_call
 from .reuse import find_shares
 from .runtime import STREAM_MIN
 from .scalar import I8, I32, I64, declare
+from .views import find_views
 
 ALIGN = STREAM_ALIGN  # bytes: a cache line, and the widest vector
 # Buffers up to this size are never reused within a call: row statistics (a softmax's maxima
@@ -97,9 +97,10 @@ class Plan:
     where: dict[str, tuple[str, int]] = field(default_factory=dict)  # ("in"|"out"|"arena", k)
     scratch: dict[int, int] = field(default_factory=dict)  # call statement -> arena offset
     copies: list[tuple[int, str]] = field(default_factory=list)  # (output, value) copied at exit
-    # Transposes never materialized: value -> its element strides into its source's buffer
-    # (every consumer is a BLAS matmul that reads it in place).
+    # Views never materialized (see views.py): value -> its element strides into its root's
+    # buffer, and its element offset there where not 0.
     views: dict[str, list[int]] = field(default_factory=dict)
+    offsets: dict[str, int] = field(default_factory=dict)
     arena_bytes: int = 0
 
 
@@ -134,7 +135,8 @@ def plan_function(func: Function, callee_arena: dict[str, int]) -> Plan:
             live.append(idx)
             needed.update(body[idx].operands)
     live.reverse()
-    plan = Plan(func, live, views=gemm_views(func, live))
+    views, offsets = find_views(func, live)
+    plan = Plan(func, live, views=views, offsets=offsets)
     params = {p.name: k for k, p in enumerate(func.params)}
     root = {p: p for p in params}  # a reshape (or a view) is a view of its operand's buffer
     for idx in live:
@@ -181,41 +183,6 @@ def plan_function(func: Function, callee_arena: dict[str, int]) -> Plan:
             plan.where[v] = plan.where[r]
     plan.arena_bytes = arena.top
     return plan
-
-
-def gemm_views(func: Function, live: Sequence[int]) -> dict[str, list[int]]:
-    """The transposes of `func` that BLAS-sized matmuls can read in place, with their strides:
-    any layout where the product runs on the generated GEMM (its packing reads any strides),
-    one with a contiguous matrix axis where it runs on the host BLAS (`gemm_layout_ok`)."""
-    types = func.types()
-    body = func.body
-    users: dict[str, list[tuple[Stmt, int]]] = {}
-    for idx in live:
-        for pos, o in enumerate(body[idx].operands):
-            users.setdefault(o, []).append((body[idx], pos))
-    views: dict[str, list[int]] = {}
-    for idx in live:
-        s = body[idx]
-        t = s.results[0]
-        if s.op != "transpose" or t in func.returns or not users.get(t):
-            continue
-        xs = row_major_strides(types[s.operands[0]].shape)
-        view = [xs[p] for p in s.attr["perm"]]
-        if all(_reads_in_place(u, pos, types[u.operands[0]], view, types[t].shape)
-               for u, pos in users[t]):
-            views[t] = view
-    return views
-
-
-def _reads_in_place(user: Stmt, pos: int, a: TensorType, view: list[int],
-                    shape: Sequence[int]) -> bool:
-    """Whether `user` (first operand of type `a`) can read its operand at `pos`, of `shape`,
-    in place through strides `view`: a BLAS-sized matmul on the generated GEMM reads any
-    strides, one on the host BLAS only what gemm_layout_ok allows."""
-    if user.op != "matmul" or pos >= 2:
-        return False
-    k = a.shape[-1]
-    return blas_pays(user.type, k) and (gemm_pays(user.type, k) or gemm_layout_ok(view, shape))
 
 
 def plan_module(module: Module) -> dict[str, Plan]:
@@ -274,6 +241,9 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
             if v not in ptr:
                 with b.goto_entry_block():
                     ptr[v] = _pointer(b, fn, plan.where[v])
+                    if v in plan.offsets:
+                        step = plan.offsets[v] * types[v].dtype.itemsize
+                        ptr[v] = b.gep(ptr[v], [i64(step)], inbounds=True)
             return ptr[v]
 
         def new_part(k: int) -> None:
@@ -293,7 +263,12 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
 
         def where(v: str) -> Buffer:
             kind, k = plan.where[v]
-            return kind, k, types[v].nbytes
+            return kind, k, types[root[v]].nbytes
+
+        def ref(v: str) -> str:
+            """The name a kernel's pointer goes by: a view's own (its pointer is offset and
+            its elements strided), else its root's."""
+            return v if v in plan.views else root[v]
 
         called: list[ir.Function] = []
 
@@ -315,7 +290,7 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
             s = plan.func.body[idx]
             for r in s.results:
                 root[r] = root[s.operands[0]] if s.op == "reshape" or r in plan.views else r
-        shares = find_shares(plan.func, plan.live, root.__getitem__, where)
+        shares = find_shares(plan.func, plan.live, ref, where)
         # Results read back inside the call, or by a caller, are better left in cache.
         reread = {root[o] for idx in plan.live for o in plan.func.body[idx].operands}
         nested = name in callees
@@ -338,21 +313,22 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                          and types[s.results[0]].nbytes >= STREAM_MIN and not nested
                          and root[s.results[0]] not in reread and idx not in shares)
             share = shares.get(idx)
+            kb.layouts = [plan.views.get(o) for o in s.operands]
             kernel: Kernel
             if s.op == "matmul" and any(o in plan.views for o in s.operands):
-                kernel = matmul_viewed(kb, s, in_types, [plan.views.get(o) for o in s.operands])
-                vals = [root[v] for v in (*s.results, *s.operands)]
+                kernel = matmul_viewed(kb, s, in_types, kb.layouts)
+                vals = [ref(v) for v in (*s.results, *s.operands)]
             elif share is None:
                 kernel = build_kernel(kb, s, in_types)
-                vals = [root[v] for v in (*s.results, *s.operands)]
+                vals = [ref(v) for v in (*s.results, *s.operands)]
             elif share.producer == idx:
                 kernel = fused_kernels.map_reduce_keeping(kb, s, in_types, types[share.target])
-                vals = [root[v] for v in (*s.results, *s.operands, share.target)]
+                vals = [ref(v) for v in (*s.results, *s.operands, share.target)]
             else:
                 s = share.stmt
                 kernel = fused_kernels.map_in_place(kb, s, [types[o] for o in s.operands])
-                vals = [root[v] for v in (*s.results, *s.operands)]
-            kb.stream = False
+                vals = [ref(v) for v in (*s.results, *s.operands)]
+            kb.stream, kb.layouts = False, []
             m = Member(kernel, vals, [types[v].dtype.itemsize for v in vals])
             if not try_join(group, m, where):
                 flush()

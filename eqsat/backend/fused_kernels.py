@@ -54,7 +54,8 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
     calling sin or cos runs twice where some argument needs the full reduction
     (`loops.with_trig_fallback`), unless `trig_fallback` is off (output aliasing an input)."""
     out, body = s.type, s.attr["body"]
-    strides = [broadcast_strides(t.shape, out.shape) for t in ins]
+    strides = [broadcast_strides(t.shape, out.shape, kb.strides(k, t))
+               for k, t in enumerate(ins)]
     dims = collapse(out.shape, [row_major_strides(out.shape), *strides])
     fn, b, lo, hi, (o,), ptrs = kb.function("map", [out.dtype], [t.dtype for t in ins])
     used = body_args(body)
@@ -82,7 +83,7 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
         b.ret_void()
     work = out.nbytes + sum(t.nbytes for t in ins) + int(fused.body_flops(body, ins, out.shape))
     return Kernel(fn, dims[0][0], work,
-                  outer_blocks(dims[0][0], dims[0][1], [out.size, *(t.size for t in ins)]))
+                  outer_blocks(dims[0][0], dims[0][1], [out.size, *kb.sizes(ins)]))
 
 
 def _element_cost(body: Any, ins: Sequence[TensorType]) -> float:
@@ -94,7 +95,7 @@ def map_reduce(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     """A reduction whose elements are the body over the broadcast inputs."""
     body = s.attr["body"]
     domain = fused.domain(ins)
-    strides = [broadcast_strides(t.shape, domain) for t in ins]
+    strides = [broadcast_strides(t.shape, domain, kb.strides(k, t)) for k, t in enumerate(ins)]
 
     def element(b: ir.IRBuilder, ptrs: list[ir.Value], offs: list[ir.Value]) -> ir.Value:
         return emit_body(b, body, _loads(b, body_args(body), ptrs, offs, ins), None)
@@ -109,7 +110,8 @@ def map_reduce_keeping(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
     last pointer of type `keep` (see reuse.py)."""
     body = s.attr["body"]
     domain = fused.domain(ins)
-    strides = [broadcast_strides(t.shape, domain) for t in ins] + [row_major_strides(domain)]
+    strides = [broadcast_strides(t.shape, domain, kb.strides(k, t))
+               for k, t in enumerate(ins)] + [row_major_strides(domain)]
 
     def element(b: ir.IRBuilder, ptrs: list[ir.Value], offs: list[ir.Value]) -> ir.Value:
         value = emit_body(b, body, _loads(b, body_args(body), ptrs[:-1], offs[:-1], ins), None)

@@ -68,6 +68,10 @@ class KernelBuilder:
         # function: nobody here reads it again, so its stores bypass the caches
         # (see loops.streamed_nest).
         self.stream = False
+        # Set by the entry while it builds a kernel some of whose operands are views (see
+        # views.py): per operand, its element strides, or None where it is contiguous. Only the
+        # builders of READS_VIEWS ever see one.
+        self.layouts: Sequence[list[int] | None] = []
         # Kernels built, by what determines their code: a statement repeated on the same types
         # (a forward value recomputed by the gradient, a long chain of one op) is built once.
         self.built: dict[tuple, Kernel] = {}
@@ -88,6 +92,17 @@ class KernelBuilder:
         b = ir.IRBuilder(fn.append_basic_block("entry"))
         lo, hi, *rest = fn.args
         return fn, b, lo, hi, list(rest[: len(outs)]), list(rest[len(outs):])
+
+    def strides(self, k: int, t: TensorType) -> list[int]:
+        """The element strides operand `k`, of type `t`, is read through."""
+        layout = self.layouts[k] if k < len(self.layouts) else None
+        return list(layout) if layout is not None else row_major_strides(t.shape)
+
+    def sizes(self, ins: Sequence[TensorType]) -> list[int]:
+        """The operands' element counts for `outer_blocks`, -1 for a view (no block of it
+        is a contiguous run of its own elements)."""
+        return [-1 if k < len(self.layouts) and self.layouts[k] is not None else t.size
+                for k, t in enumerate(ins)]
 
     def streams(self, out: TensorType, cost: float) -> bool:
         """Whether the kernel being built should stream its output `out`: floats only, and
@@ -118,11 +133,14 @@ def _store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, off: ir.Value) -> No
 
 
 def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
-    """One flat loop: every operand has the result's shape (the IR inserts broadcasts)."""
+    """One flat loop: every operand has the result's shape (the IR inserts broadcasts); a
+    loop nest where some operand is a view."""
     out = s.type
     dtype = ins[-1].dtype  # select's branches, the other ops' operands
     fn, b, lo, hi, (o,), ptrs = kb.function(s.op, [out.dtype], [t.dtype for t in ins])
     work = out.nbytes + sum(t.nbytes for t in ins) + int(out.size * element_cost(s.op, dtype))
+    if any(layout is not None for layout in kb.layouts):
+        return _strided_elementwise(kb, s, ins, fn, b, work)
     dims = (stream_dims([(out.size, [1] * (1 + len(ins)))])
             if kb.streams(out, element_cost(s.op)) else None)
     if dims is not None:
@@ -143,6 +161,26 @@ def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel
     with_trig_fallback(b, loop)  # sin and cos: cheap pass first (see loops.py)
     b.ret_void()
     return Kernel(fn, out.size, work, (1,) * (1 + len(ins)))
+
+
+def _strided_elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
+                         fn: ir.Function, b: ir.IRBuilder, work: int) -> Kernel:
+    """`elementwise` over operands read through `kb.strides`."""
+    out = s.type
+    lo, hi, o, *ptrs = fn.args
+    dims = collapse(out.shape, [row_major_strides(out.shape),
+                                *(kb.strides(k, t) for k, t in enumerate(ins))])
+    interleave = INTERLEAVE if element_cost(s.op) > STREAM_MAX_COST else 0
+
+    def loops() -> None:
+        nest(b, dims, [0] * (1 + len(ins)), lambda offs: _store(b, emit_scalar(
+            b, s.op, [_load(b, p, i) for p, i in zip(ptrs, offs[1:])], ins[-1].dtype,
+            out.dtype), o, offs[0]), outer=(lo, hi), interleave=interleave)
+
+    with_trig_fallback(b, loops)
+    b.ret_void()
+    return Kernel(fn, dims[0][0], work,
+                  outer_blocks(dims[0][0], dims[0][1], [out.size, *kb.sizes(ins)]))
 
 
 def constant(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
@@ -193,10 +231,11 @@ def _copy_kernel(kb: KernelBuilder, name: str, out: TensorType,
     return Kernel(fn, extent, 2 * out.nbytes, blocks)
 
 
-def broadcast_strides(shape: Sequence[int], to: Sequence[int]) -> list[int]:
-    """Element strides that read a row-major array of `shape` as broadcast to `to` (numpy's
-    right-aligned rule): 0 on the axes it is repeated along."""
-    xs = row_major_strides(shape)
+def broadcast_strides(shape: Sequence[int], to: Sequence[int],
+                      strides: Sequence[int] | None = None) -> list[int]:
+    """Element strides that read an array of `shape` (row-major, or laid out by `strides`) as
+    broadcast to `to` (numpy's right-aligned rule): 0 on the axes it is repeated along."""
+    xs = row_major_strides(shape) if strides is None else strides
     lead = len(to) - len(shape)
     return [0 if d < lead or shape[d - lead] == 1 else xs[d - lead] for d in range(len(to))]
 
@@ -371,15 +410,14 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
     if not split:
         return Kernel(fn, 1, work)
     return Kernel(fn, dims[0][0], work,
-                  outer_blocks(dims[0][0], dims[0][1], [out.size, *(t.size for t in ins)]))
+                  outer_blocks(dims[0][0], dims[0][1], [out.size, *kb.sizes(ins)]))
 
 
 def reduce(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     """sum / max / min over axes."""
     x = ins[0]
     return reduce_kernel(kb, s.op, s.op, x.shape, set(s.attr["axes"]), s.type, [x],
-                         [row_major_strides(x.shape)],
-                         lambda b, ptrs, offs: _load(b, ptrs[0], offs[0]))
+                         [kb.strides(0, x)], lambda b, ptrs, offs: _load(b, ptrs[0], offs[0]))
 
 
 # ---------------------------------------------------------------- the dispatcher
@@ -398,6 +436,10 @@ KERNELS: dict[str, Builder] = {
     "concat": concat,
     "reduce": reduce,
 }
+# The op names and families (as KERNELS) whose builders read operands through kb.layouts: any
+# strides, and an offset the entry puts into the pointer (see views.py).
+READS_VIEWS = {family: True for family in
+               ("unary", "binary", "compare", "select", "cast", "reduce", "map", "map_reduce")}
 
 
 def build_kernel(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
@@ -407,8 +449,12 @@ def build_kernel(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kerne
     if builder is None:
         raise LoweringError(f"the CPU backend cannot lower op {s.op!r} "
                             f"(%{', %'.join(s.results)} = {s.op} ...: no kernel for it)")
+    layouts = tuple(None if v is None else tuple(v) for v in kb.layouts)
+    if any(v is not None for v in layouts) and lookup(READS_VIEWS, s.op) is None:
+        raise LoweringError(f"the CPU backend cannot read views in op {s.op!r} "
+                            f"(%{', %'.join(s.results)} = {s.op} ...)")
     # repr keeps -0.0 apart from 0.0 and nan equal to nan
-    key = (s.op, repr(s.attrs), s.types, tuple(ins), kb.stream, kb.blas_threads)
+    key = (s.op, repr(s.attrs), s.types, tuple(ins), kb.stream, kb.blas_threads, layouts)
     kernel = kb.built.get(key)
     if kernel is None:
         kernel = kb.built[key] = builder(kb, s, ins)
