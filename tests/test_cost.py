@@ -103,10 +103,15 @@ def test_f64_work_costs_more_than_f32():
 def test_reshapes_are_free_and_copies_cost_their_bytes():
     x, y = f32[256, 512], f32[512, 256]
     assert work("reshape", {}, [x], [f32[512, 256]]) == Work()
-    # a broadcast or a slice left standing is a copy kernel in both backends
+    # a broadcast or a slice left standing is a copy kernel on the GPU; the CPU's kernels read
+    # both in place
     assert work("broadcast", {}, [f32[512]], [x]) == Work(0.0, 4 * 512 + x.nbytes, 1)
     window = work("slice", {"start": (0, 0), "stop": (128, 512)}, [x], [f32[128, 512]])
     assert window == Work(0.0, 2 * f32[128, 512].nbytes, 1)  # it reads only its window
+    attrs = {"start": (0, 0), "stop": (128, 512)}
+    assert cost_model("cuda").stmt_cost("slice", attrs, [x], [f32[128, 512]]) > 0
+    assert cost_model("cpu").stmt_cost("slice", attrs, [x], [f32[128, 512]]) == 0
+    assert cost_model("cpu").stmt_cost("broadcast", {}, [f32[512]], [x]) == 0
     t = work("transpose", {"perm": (1, 0)}, [x], [y])
     assert t.bytes == 2 * x.nbytes and t.flops == 0 and t.kernels == 1
     # folding the transpose into the matmul saves its whole cost
