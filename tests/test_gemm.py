@@ -133,6 +133,30 @@ func @f(%x: {ty('f32', src_a)}, %y: f32[{bt},{n},{k}]) -> f32[{bt},{m},{n}] {{
     check(got, eqsat.interpret(mod, "f", x, y).astype(np.float64), k, "f32")
 
 
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_blas_reads_a_transposed_column_in_place(dtype: str) -> None:
+    """A [k,1] column transposed to [1,k] has strides [1,1]: the BLAS reads it in place as a
+    transposed operand, the one form whose leading dimension is valid (the other, chosen by
+    the contiguous last axis alone, made OpenBLAS refuse the call and left the result NaN)."""
+    k, n = 512, 600
+    t = dtype
+    mod = parse(f"""module @m
+func @f(%a: {t}[{k},1], %b: {t}[{k},{n}], %c: {t}[{n},1]) -> ({t}[1,{n}], {t}[{k},1]) {{
+  %at = transpose %a, perm=[1,0] : {t}[1,{k}]
+  %p = matmul %at, %b : {t}[1,{n}]
+  %ct = transpose %c, perm=[1,0] : {t}[1,{n}]
+  %bt = transpose %b, perm=[1,0] : {t}[{n},{k}]
+  %q = matmul %ct, %bt : {t}[1,{k}]
+  %qt = reshape %q : {t}[{k},1]
+  return %p, %qt
+}}""")
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.uniform(-1, 1, s).astype(DTYPES[dtype]) for s in ((k, 1), (k, n), (n, 1)))
+    p, q = compile_module(mod, cache_dir=None)("f", a, b, c)
+    check(p, a.T.astype(np.float64) @ b, k, dtype)
+    check(q, (c.T.astype(np.float64) @ b.T).T, n, dtype)
+
+
 def test_gemm_is_the_path_and_blas_stays() -> None:
     """Float products of BLAS size go to the generated GEMM, but for narrow ones that would
     be mostly padding; switched off, to the BLAS, and both give the same products; integer

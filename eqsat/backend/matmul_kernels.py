@@ -47,20 +47,33 @@ def _gemm_operand(shape: Sequence[int], trans: bool, view: Layout | None
     if view is None:
         rows, cols = shape[-2:]  # as stored: transposed, cols x rows
         return trans, (rows if trans else cols), row_major_strides(shape)[:-2]
-    if not gemm_layout_ok(view, shape):
+    form = _in_place_form(view, shape)
+    if form is None:
         raise LoweringError(f"internal error: the BLAS cannot read an operand of shape "
                             f"{list(shape)} in place through strides {list(view)} (see "
                             f"gemm_layout_ok)")
-    r, c = view[-2:]
-    return (False, r, view[:-2]) if c == 1 else (True, c, view[:-2])
+    return (*form, view[:-2])
+
+
+def _in_place_form(view: Layout, shape: Sequence[int]) -> tuple[bool, int] | None:
+    """(transposed, leading dimension) with which gemm reads an operand of `shape` through
+    strides `view` in place, or None: one matrix axis contiguous, the other's stride a valid
+    leading dimension. Both forms are tried, as a size-1 axis may have stride 1 without being
+    the contiguous one (a [k,1] column transposed to [1,k] has strides [1,1]: only the
+    transposed form has a valid leading dimension, and OpenBLAS refused the other one)."""
+    (rows, cols), (r, c) = shape[-2:], view[-2:]
+    if c == 1 and r >= max(1, cols):
+        return False, r
+    if r == 1 and c >= max(1, rows):
+        return True, c
+    return None
 
 
 def gemm_layout_ok(view: Layout, shape: Sequence[int]) -> bool:
-    """Whether gemm can read an operand of `shape` through strides `view` in place: one of its
-    two matrix axes contiguous, the other a valid leading dimension. The host BLAS needs this
-    (`_gemm_operand` refuses other layouts); the generated GEMM reads any strides."""
-    (rows, cols), (r, c) = shape[-2:], view[-2:]
-    return (c == 1 and r >= max(1, cols)) or (r == 1 and c >= max(1, rows))
+    """Whether gemm can read an operand of `shape` through strides `view` in place (see
+    `_in_place_form`). The host BLAS needs this (`_gemm_operand` refuses other layouts); the
+    generated GEMM reads any strides."""
+    return _in_place_form(view, shape) is not None
 
 
 def _blas_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[TensorType],
