@@ -9,7 +9,7 @@ import pytest
 from llvmlite import ir as llvm_ir
 
 import eqsat
-from eqsat.backend import compile_module, llvm_kernels
+from eqsat.backend import compile_module, llvm_kernels, loops
 from eqsat.ir import parse
 
 
@@ -70,3 +70,38 @@ def test_concats_split_over_threads_where_every_piece_has_the_rows(fresh, axis):
     np.testing.assert_array_equal(serial, np.concatenate(xs, axis=axis))
     np.testing.assert_array_equal(threaded, serial)
     assert extent(text) == (1 if axis == 0 else 5 * (7 if axis == 2 else 1))
+
+
+@pytest.mark.parametrize("shape, perm", [((300, "W"), (1, 0)), ((2, 37, "W"), (0, 2, 1)),
+                                         ((17, 3, "W"), (2, 1, 0)), ((5, 6, "W", 3), (2, 0, 3, 1)),
+                                         ((513, 1, "W"), (2, 1, 0)), ((300, "W+1"), (1, 0))],
+                         ids=str)
+@pytest.mark.parametrize("dtype", ["f32", "f64", "i32", "bool"])
+def test_transposes_walk_tiles_split_over_threads(fresh, monkeypatch, shape, perm, dtype):
+    """A copy reading down its source's columns, with rows of a multiple of 1 KiB (W elements
+    here), walks square tiles (loops.tiled_nest), edge tiles clipped; threads split its
+    outermost loop. Every element lands where numpy puts it, on one thread and on two."""
+    item = {"f32": 4, "f64": 8, "i32": 4, "bool": 1}[dtype]
+    width = 1024 // item
+    shape = tuple({"W": width, "W+1": width + 1}.get(d, d) for d in shape)
+    rng = np.random.default_rng(len(shape))
+    x = rng.standard_normal(shape)
+    x = x > 0 if dtype == "bool" else (x * 100).astype({"f32": np.float32, "f64": np.float64,
+                                                         "i32": np.int32}[dtype])
+    out = [shape[p] for p in perm]
+    text = (f"module @m\nfunc @f(%x: {dtype}[{','.join(map(str, shape))}]) -> "
+            f"{dtype}[{','.join(map(str, out))}] {{\n"
+            f"  %y = transpose %x, perm=[{','.join(map(str, perm))}] : "
+            f"{dtype}[{','.join(map(str, out))}]\n  return %y\n}}\n")
+    walks = []
+
+    def tiled_nest(*args, **kwargs):
+        walks.append(args[3])
+        return loops.tiled_nest(*args, **kwargs)
+
+    monkeypatch.setattr(llvm_kernels, "tiled_nest", tiled_nest)
+    for n, min_work in ((1, 1 << 40), (2, 0)):
+        fresh(n, min_work)
+        np.testing.assert_array_equal(compile_module(parse(text), cache_dir=None).f(x),
+                                      np.transpose(x, perm))
+    assert bool(walks) == (width in shape), "the tiled walk"

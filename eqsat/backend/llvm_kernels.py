@@ -18,8 +18,8 @@ from ..ir.module import Stmt
 from ..ir.op_costs import element_cost
 from ..ir.ops import lookup
 from ..ir.types import DType, TensorType
-from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
-                    streamed_nest, with_trig_fallback)
+from .loops import (Dims, collapse, for_range, i64, nest, row_major_strides, stream_dims,
+                    streamed_nest, tiled_nest, with_trig_fallback)
 from .scalar import (I8, I64, LoweringError, const, declare, emit_scalar, intrinsic,
                      llvm_type)
 
@@ -198,6 +198,29 @@ def constant(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
 # ---------------------------------------------------------------- data movement
 
 
+# A transposing copy reads down its source's columns, one cache line per element, and reuses
+# each line for the next output rows while it stays in cache. A source row of a multiple of
+# 1 KiB puts a column's lines into few cache sets, which evicts them first: the copy then walks
+# square blocks of 256 elements made of 8x8 tiles (loops.tiled_nest). Measured on f32 squares
+# (ms, one call, 2 threads): 1024: 1.66 -> 0.38, 1536: 3.30 -> 0.80, 2048: 12.0 -> 1.58, 4096:
+# 66 -> 11.7; without the conflict, plain rows are faster (1000: 0.33 against 0.50 tiled, 2000:
+# 2.01 against 2.56).
+TRANSPOSE_TILES = (256, 8)
+CONFLICT_STRIDE = 1024
+
+
+def _transposing(dims: Dims, itemsize: int) -> tuple[int, int] | None:
+    """For a copy whose innermost loop reads down its source's columns with a conflicting
+    stride (see CONFLICT_STRIDE): the loop reading along the source's rows (stride 1) and the
+    innermost one, to walk in tiles; else None."""
+    if len(dims) < 2 or dims[-1][1][1] in (0, 1) or dims[-1][1][0] != 1:
+        return None
+    if dims[-1][1][1] * itemsize % CONFLICT_STRIDE:
+        return None
+    k = next((k for k, (_, (_, si)) in enumerate(dims[:-1]) if si == 1), None)
+    return None if k is None else (k, len(dims) - 1)
+
+
 def _copy_kernel(kb: KernelBuilder, name: str, out: TensorType,
                  pieces: Sequence[tuple[TensorType, list[int], int, list[int], int]],
                  src_size: int = 0) -> Kernel:
@@ -217,7 +240,10 @@ def _copy_kernel(kb: KernelBuilder, name: str, out: TensorType,
         def body(offs: list[ir.Value], p: ir.Value = p) -> None:
             _store(b, _load(b, p, offs[1]), o, offs[0])
 
-        if len(pieces) == 1:
+        pair = _transposing(dims, out.dtype.itemsize)
+        if len(pieces) == 1 and pair is not None and ooff == 0 and ioff == 0:
+            extent = tiled_nest(b, dims, pair, TRANSPOSE_TILES, body, (lo, hi))
+        elif len(pieces) == 1:
             extent = dims[0][0]
             if ooff == 0 and ioff == 0:
                 blocks = outer_blocks(extent, dims[0][1], [out.size, src_size])

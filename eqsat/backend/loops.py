@@ -102,6 +102,55 @@ def nest(b: ir.IRBuilder, dims: Dims, offsets: Sequence[ir.Value | int],
         nest(b, dims[1:], inner, body, None, depth - 1, interleave)
 
 
+def tiled_nest(b: ir.IRBuilder, dims: Dims, pair: tuple[int, int], tiles: Sequence[int],
+               body: Callable[[list[ir.Value]], None], outer: tuple[ir.Value, ir.Value]) -> int:
+    """Loops over `dims` like `nest`, but the two loops of `pair` (indices into dims) walked in
+    square blocks inside the others, blocks of `tiles[0]` split into blocks of `tiles[1]`, and
+    so on: a transposing copy then works on few pages and cache lines of both arrays at a
+    time. `outer` restricts the outermost loop (the first other one, else the outermost
+    blocks, numbered row by row); returns that loop's extent."""
+    others = [d for k, d in enumerate(dims) if k not in pair]
+    (na, sa), (nb, sb) = dims[pair[0]], dims[pair[1]]
+
+    def clipped(start: ir.Value, size: int, end: ir.Value) -> ir.Value:
+        stop = b.add(start, i64(size))
+        return b.select(b.icmp_signed("<", stop, end), stop, end)
+
+    def level(offs: list[ir.Value], k: int, a: tuple[ir.Value, ir.Value],
+              bb: tuple[ir.Value, ir.Value], split: tuple[ir.Value, ir.Value] | None) -> None:
+        if k == len(tiles):
+            with for_range(b, *a, name="xa") as x:
+                row = [b.add(o, b.mul(x, i64(s))) if s else o for o, s in zip(offs, sa)]
+                with for_range(b, *bb, name="xb") as y:
+                    body([b.add(o, b.mul(y, i64(s))) if s else o for o, s in zip(row, sb)])
+            return
+        t = tiles[k]
+        if split is not None:  # the outermost blocks, numbered row by row, split by threads
+            with for_range(b, *split, name="blk") as n:
+                a0 = b.mul(b.udiv(n, i64(-(-nb // t))), i64(t))
+                b0 = b.mul(b.urem(n, i64(-(-nb // t))), i64(t))
+                level(offs, k + 1, (a0, clipped(a0, t, a[1])), (b0, clipped(b0, t, bb[1])),
+                      None)
+            return
+        # tile numbers, relative to the enclosing block's start
+        na_k = b.udiv(b.add(b.sub(a[1], a[0]), i64(t - 1)), i64(t))
+        nb_k = b.udiv(b.add(b.sub(bb[1], bb[0]), i64(t - 1)), i64(t))
+        with for_range(b, i64(0), na_k, name=f"ta{k}") as i:
+            a0 = b.add(a[0], b.mul(i, i64(t)))
+            with for_range(b, i64(0), nb_k, name=f"tb{k}") as j:
+                b0 = b.add(bb[0], b.mul(j, i64(t)))
+                level(offs, k + 1, (a0, clipped(a0, t, a[1])), (b0, clipped(b0, t, bb[1])),
+                      None)
+
+    whole_a, whole_b = (i64(0), i64(na)), (i64(0), i64(nb))
+    zeros = [i64(0)] * len(sa)
+    if not others:
+        level(zeros, 0, whole_a, whole_b, outer)
+        return -(-na // tiles[0]) * -(-nb // tiles[0])
+    nest(b, others, zeros, lambda offs: level(offs, 0, whole_a, whole_b, None), outer=outer)
+    return others[0][0]
+
+
 def with_trig_fallback(b: ir.IRBuilder, loops: Callable[[], None]) -> None:
     """Emits `loops` (a kernel's loop nest over its range) with sin and cos in their
     small-argument variants, then, where any element needed the full functions, `loops`
