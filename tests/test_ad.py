@@ -192,6 +192,26 @@ def test_unused_parameter_gets_a_zero_of_its_type():
                for s in g.body)
 
 
+def test_adjoints_of_disjoint_slices_join_into_one_concat():
+    """An LSTM's gates are slices of one product: their adjoints join into one concat, with
+    zeros only in the gaps (two slices here overlap: that one is added)."""
+    m = one_op("%z: f64[3,12]", """  %a = slice %z, start=[0,0], stop=[3,3] : f64[3,3]
+  %b = slice %z, start=[0,5], stop=[3,8] : f64[3,3]
+  %c = slice %z, start=[0,6], stop=[3,9] : f64[3,3]
+  %d = slice %z, start=[0,10], stop=[3,12] : f64[3,2]
+  %ab = mul %a, %b : f64[3,3]
+  %abc = mul %ab, %c : f64[3,3]
+  %s = sum %abc, axes=[1] : f64[3]
+  %t = sum %d, axes=[1] : f64[3]
+  %u = mul %s, %t : f64[3]""", "f64[3]")
+    rng = np.random.default_rng(5)
+    vjp = check_vjp(m, "f", [arr(rng, (3, 12))])["f_vjp"]
+    concats = [s for s in vjp.body if s.op == "concat"]
+    widths = [[vjp.types()[o].shape[1] for o in s.operands] for s in concats]
+    assert sorted(widths) == [[3, 2, 3, 2, 2], [6, 3, 3]], widths
+    assert sum(s.op == "add" for s in vjp.body) == 1
+
+
 # ---------------------------------------------------------------- random programs
 
 SMOOTH_SETTINGS = settings(max_examples=200, deadline=None,

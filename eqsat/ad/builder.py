@@ -134,6 +134,14 @@ class Builder:
             return self.const(-known[0], t)
         return None
 
+    def defining(self, value: str) -> Stmt | None:
+        """The statement (primal or generated) that defines `value`, if it has one result."""
+        return self._defs.get(value)
+
+    def known(self, value: str) -> float | None:
+        """The constant every element of `value` holds, if the builder knows one."""
+        return self._known.get(value)
+
     def claim(self, value: str, name: str) -> None:
         """Name a generated value as an adjoint, unless it is already one (or not generated)."""
         if is_placeholder(value) and value not in self._adjoint_named:

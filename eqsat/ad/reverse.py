@@ -64,8 +64,62 @@ def adjoint(f: Function, kind: str, wrt: tuple[str, ...], name: str) -> Function
     return Function(name, f.params + seeds, result_types, body, returns)
 
 
+def _pad(b: Builder, part: str) -> tuple[int, int, int, str] | None:
+    """(axis, start, stop, piece) where `part` is a concat of zeros and one piece along an
+    axis (the adjoint of a slice along that axis, see vjp_rules._slice); else None."""
+    s = b.defining(part)
+    if s is None or s.op != "concat":
+        return None
+    pieces = [k for k, o in enumerate(s.operands) if b.known(o) != 0.0]
+    if len(pieces) != 1:
+        return None
+    axis = s.attr["axis"]
+    start = sum(b.types[o].shape[axis] for o in s.operands[: pieces[0]])
+    piece = s.operands[pieces[0]]
+    return axis, start, start + b.types[piece].shape[axis], piece
+
+
+def _joined(b: Builder, v: str, parts: list[str]) -> list[str]:
+    """`parts` with the adjoints of disjoint slices along one axis joined into one concat:
+    an LSTM's four gate slices of one product gave four zero-padded copies of the product's
+    shape, summed (five passes over it); they are now one concat of the four pieces."""
+    pads = {p: _pad(b, p) for p in parts}
+    by_axis: dict[int, list[str]] = defaultdict(list)
+    for p, pad in pads.items():
+        if pad is not None:
+            by_axis[pad[0]].append(p)
+    out = [p for p in parts if pads[p] is None]
+    for axis, group in by_axis.items():
+        group.sort(key=lambda p: pads[p][1])
+        chosen, end = [], 0
+        for p in group:
+            if pads[p][1] >= end:
+                chosen.append(p)
+                end = pads[p][2]
+            else:
+                out.append(p)  # overlapping windows are added
+        if len(chosen) < 2:
+            out.extend(chosen)
+            continue
+        t, pieces, at = b.types[v], [], 0
+        for p in chosen:
+            _, start, stop, piece = pads[p]
+            if start > at:
+                gap = t.shape[:axis] + (start - at,) + t.shape[axis + 1:]
+                pieces.append(b.const(0.0, t.with_shape(gap)))
+            pieces.append(piece)
+            at = stop
+        if at < t.shape[axis]:
+            gap = t.shape[:axis] + (t.shape[axis] - at,) + t.shape[axis + 1:]
+            pieces.append(b.const(0.0, t.with_shape(gap)))
+        out.append(b.emit("concat", *pieces, axis=axis))
+    return out
+
+
 def _total(b: Builder, v: str, parts: list[str]) -> str:
     """The sum of the adjoint contributions to `v`, named `%v.adj`."""
+    if len(parts) > 1:
+        parts = _joined(b, v, parts)
     if len(parts) == 1:
         b.claim(parts[0], f"{v}.adj")
         return parts[0]
