@@ -125,6 +125,12 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
     report.enodes_initial, report.enodes_final = sat.initial_nodes, sat.final_nodes
     report.fired = sat.fired
     clock.lap("saturate")
+    if sat.final_nodes > max(2 * afford, sat.initial_nodes):
+        # A round predicted at a few times its input grew it 300x (12k -> 3.7M e-nodes:
+        # distributivity on a gradient's sums): serializing and extracting that took minutes.
+        return keep_input(f"saturation's last round grew the e-graph to {sat.final_nodes} "
+                          f"e-nodes, more than extraction can handle within the time limit "
+                          f"(about {int(afford)})", warn=False)
     ser = eg.serialize()
     report.eclasses = len(ser.classes)
     clock.lap("serialize")
