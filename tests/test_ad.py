@@ -210,6 +210,12 @@ def test_adjoints_of_disjoint_slices_join_into_one_concat():
     widths = [[vjp.types()[o].shape[1] for o in s.operands] for s in concats]
     assert sorted(widths) == [[3, 2, 3, 2, 2], [6, 3, 3]], widths
     assert sum(s.op == "add" for s in vjp.body) == 1
+    # one slice's adjoint reaching a value twice (add %x, %x) is counted twice
+    twice = one_op("%x: f64[4]", """  %y = slice %x, start=[1], stop=[3] : f64[2]
+  %z = add %y, %y : f64[2]""", "f64[2]")
+    check_vjp(twice, "f", [arr(rng, (4,))])
+    check_vjp(one_op("%x: f64[2]", """  %y = add %x, %x : f64[2]
+  %z = slice %y, start=[0], stop=[1] : f64[1]""", "f64[1]"), "f", [arr(rng, (2,))])
 
 
 # ---------------------------------------------------------------- random programs

@@ -83,27 +83,27 @@ def _joined(b: Builder, v: str, parts: list[str]) -> list[str]:
     """`parts` with the adjoints of disjoint slices along one axis joined into one concat:
     an LSTM's four gate slices of one product gave four zero-padded copies of the product's
     shape, summed (five passes over it); they are now one concat of the four pieces."""
-    pads = {p: _pad(b, p) for p in parts}
-    by_axis: dict[int, list[str]] = defaultdict(list)
-    for p, pad in pads.items():
+    pads = [_pad(b, p) for p in parts]  # a part may come twice (add %x, %x)
+    by_axis: dict[int, list[int]] = defaultdict(list)
+    for k, pad in enumerate(pads):
         if pad is not None:
-            by_axis[pad[0]].append(p)
-    out = [p for p in parts if pads[p] is None]
+            by_axis[pad[0]].append(k)
+    out = [p for p, pad in zip(parts, pads) if pad is None]
     for axis, group in by_axis.items():
-        group.sort(key=lambda p: pads[p][1])
+        group.sort(key=lambda k: pads[k][1])
         chosen, end = [], 0
-        for p in group:
-            if pads[p][1] >= end:
-                chosen.append(p)
-                end = pads[p][2]
+        for k in group:
+            if pads[k][1] >= end:
+                chosen.append(k)
+                end = pads[k][2]
             else:
-                out.append(p)  # overlapping windows are added
+                out.append(parts[k])  # overlapping windows are added
         if len(chosen) < 2:
-            out.extend(chosen)
+            out.extend(parts[k] for k in chosen)
             continue
         t, pieces, at = b.types[v], [], 0
-        for p in chosen:
-            _, start, stop, piece = pads[p]
+        for k in chosen:
+            _, start, stop, piece = pads[k]
             if start > at:
                 gap = t.shape[:axis] + (start - at,) + t.shape[axis + 1:]
                 pieces.append(b.const(0.0, t.with_shape(gap)))
