@@ -79,7 +79,7 @@ def load_checked(directory: Path | None, name: str) -> bytes | None:
 
 
 # Bumped when the rates' measurement changes, so rates measured the old way are measured again.
-RATES_VERSION = 3
+RATES_VERSION = 4
 
 
 @functools.cache
