@@ -292,9 +292,31 @@ def slice_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
                         ins[0].size)
 
 
+def _stacked(kb: KernelBuilder, out: TensorType, ins: Sequence[TensorType], axis: int
+             ) -> Kernel:
+    """A concat whose pieces are consecutive blocks of the result (every axis before `axis`
+    of length 1): threads split the result's rows along `axis`, each copying the part of
+    every piece that falls in its rows (4 x 4 MiB along axis 0: 0.70 ms on one thread, 0.40-0.45
+    on two)."""
+    fn, b, lo, hi, (o,), ptrs = kb.function("concat", [out.dtype], [t.dtype for t in ins])
+    inner = math.prod(out.shape[axis + 1:])
+    at = 0
+    for t, p in zip(ins, ptrs):
+        rows = t.shape[axis]
+        first = b.select(b.icmp_signed(">", lo, i64(at)), lo, i64(at))
+        last = b.select(b.icmp_signed("<", hi, i64(at + rows)), hi, i64(at + rows))
+        with for_range(b, b.mul(first, i64(inner)), b.mul(last, i64(inner))) as i:
+            _store(b, _load(b, p, b.sub(i, i64(at * inner))), o, i)
+        at += rows
+    b.ret_void()
+    return Kernel(fn, out.shape[axis], 2 * out.nbytes, (inner, *[None] * len(ins)))
+
+
 def concat(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
     """Each operand copied into its window of the result."""
     out, axis = s.type, s.attr["axis"]
+    if math.prod(out.shape[:axis]) == 1 and len(ins) > 1 and out.size:
+        return _stacked(kb, out, ins, axis)
     os_ = row_major_strides(out.shape)
     pieces, at = [], 0
     for t in ins:
