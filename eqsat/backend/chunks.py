@@ -18,6 +18,7 @@ from llvmlite import ir
 
 from .llvm_kernels import Kernel, KernelBuilder
 from .loops import i64
+from .reuse import Buffer, overlap
 from .scalar import I8, I64
 
 VOIDP = I8.as_pointer()
@@ -34,7 +35,6 @@ MIN_EXTENT = 16
 # entry.MAX_INLINED_KERNELS). The benchmark workloads' largest group has 8.
 MAX_MEMBERS = 16
 
-Buffer = tuple[str, int, int]  # (kind, offset or index, bytes): where a root value lives
 
 
 @dataclass
@@ -56,10 +56,6 @@ class Group:
 
     def factor(self, m: Member, extent: int | None = None) -> int:
         return m.kernel.extent // (extent or self.extent)
-
-
-def _overlap(a: Buffer, b: Buffer) -> bool:
-    return a[0] == b[0] == "arena" and a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
 
 
 def try_join(group: Group, m: Member, where: Callable[[str], Buffer]) -> bool:
@@ -91,7 +87,7 @@ def try_join(group: Group, m: Member, where: Callable[[str], Buffer]) -> bool:
     written = {g.values[0] for g in group.members} | {m.values[0]}
     touched = {v for g in group.members for v in g.values} | set(m.values)
     for v in written:
-        if any(_overlap(where(v), where(u)) for u in touched if u != v):
+        if any(overlap(where(v), where(u)) for u in touched if u != v):
             return False
     group.members.append(m)
     group.extent = extent

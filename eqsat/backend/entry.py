@@ -16,12 +16,12 @@ from llvmlite import ir
 from ..ir.module import Function, Module
 from ..ir.types import TensorType
 from . import blas, fused_kernels  # (importing fused_kernels registers the fused ops' kernels)
-from .chunks import Buffer, Group, Member, group_kernel, try_join
+from .chunks import Group, Member, group_kernel, try_join
 from .llvm_kernels import STREAM_ALIGN, Kernel, KernelBuilder, build_kernel
 from .matmul_kernels import matmul_viewed, uses_packed_gemm
 from .loops import i64, row_major_strides
 from .parallel import emit_kernel_call
-from .reuse import find_shares
+from .reuse import Buffer, find_shares
 from .runtime import STREAM_MIN
 from .scalar import I8, I32, I64, declare
 from .views import find_views

@@ -19,7 +19,7 @@ from ..ir import fused
 from ..ir.module import Function, Stmt
 from ..ir.scalar_expr import App, Arg, Expr, body_args, check_body, substitute
 
-Buffer = tuple[str, int, int]  # as chunks.Buffer: (kind, offset or index, bytes)
+Buffer = tuple[str, int, int]  # (kind, offset or index, bytes): where a value lives
 LOOKAHEAD = 4  # statements between a reduction and the map that may share its elements
 
 
@@ -44,7 +44,9 @@ def _replace(e: Expr, old: Expr, new: Expr) -> tuple[Expr, bool]:
     return e, False
 
 
-def _overlap(a: Buffer, b: Buffer) -> bool:
+def overlap(a: Buffer, b: Buffer) -> bool:
+    """Whether two buffers share memory: arena ranges that intersect, or one input or output
+    array (a value and a view of it, see views.py)."""
     if a[0] != b[0]:
         return False
     if a[0] != "arena":
@@ -104,7 +106,7 @@ def find_shares(func: Function, live: Sequence[int], root: Callable[[str], str],
             y = m.results[0]
             mine = where(root(y))
             others = {root(v) for v in (*r.operands, *r.results)} | between
-            if not hit or any(_overlap(mine, where(v)) for v in others):
+            if not hit or any(overlap(mine, where(v)) for v in others):
                 continue
             attrs = {**m.attr, "body": new_body}
             stmt = Stmt(m.results, "map", (*m.operands, y), attrs, m.types)
