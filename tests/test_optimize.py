@@ -346,17 +346,24 @@ def test_loading_stops_at_the_time_limit_and_keeps_the_input_without_a_warning()
     assert "time limit" in report.notes[0]
 
 
+AC = ("rule comm: add(?x, ?y) => add(?y, ?x)\n"
+      "rule assoc: add(add(?x, ?y), ?z) => add(?x, add(?y, ?z))")
+
+
+def sum_chain(n: int) -> eqsat.Module:
+    """@f summing n f32[16] parameters left to right."""
+    params = ", ".join(f"%x{i}: f32[16]" for i in range(n))
+    terms = "".join(f"  %a{i} = add %a{i - 1}, %x{i} : f32[16]\n" for i in range(2, n))
+    return parse(f"module @m\nfunc @f({params}) -> f32[16] {{\n  %a1 = add %x0, %x1 : f32[16]\n"
+                 f"{terms}  return %a{n - 1}\n}}\n")
+
+
 def test_a_huge_node_limit_cannot_make_serializing_and_extracting_outlast_the_time_limit():
     """Serialization and extraction cannot stop halfway, so saturation stops growing the
     e-graph past what extraction's share of the time can handle: with commutativity and
     associativity on a 12-term sum, Limits(seconds=2, nodes=10**7) saturated to 193k e-nodes
     in 0.5 s and then took 7 s to serialize and extract."""
-    params = ", ".join(f"%x{i}: f32[16]" for i in range(12))
-    terms = "".join(f"  %a{i} = add %a{i - 1}, %x{i} : f32[16]\n" for i in range(2, 12))
-    m = parse(f"module @m\nfunc @f({params}) -> f32[16] {{\n  %a1 = add %x0, %x1 : f32[16]\n"
-              f"{terms}  return %a11\n}}\n")
-    ac = parse_rules("rule comm: add(?x, ?y) => add(?y, ?x)\n"
-                     "rule assoc: add(add(?x, ?y), ?z) => add(?x, add(?y, ?z))")
+    m, ac = sum_chain(12), parse_rules(AC)
     t0 = time.perf_counter()
     out, report = optimize_with_report(m, ac, limits=Limits(iterations=1000, nodes=10**7,
                                                             seconds=2))
@@ -498,12 +505,7 @@ def test_a_round_that_outgrows_what_extraction_affords_keeps_the_input(monkeypat
     sums under distributivity: 12k -> 3.7M e-nodes in one round), and serializing and
     extracting that took four minutes under Limits(seconds=30); such an e-graph is not
     serialized: the input program stands, with a note."""
-    params = ", ".join(f"%x{i}: f32[16]" for i in range(8))
-    terms = "".join(f"  %a{i} = add %a{i - 1}, %x{i} : f32[16]\n" for i in range(2, 8))
-    m = parse(f"module @m\nfunc @f({params}) -> f32[16] {{\n  %a1 = add %x0, %x1 : f32[16]\n"
-              f"{terms}  return %a7\n}}\n")
-    ac = parse_rules("rule comm: add(?x, ?y) => add(?y, ?x)\n"
-                     "rule assoc: add(add(?x, ?y), ?z) => add(?x, add(?y, ?z))")
+    m, ac = sum_chain(8), parse_rules(AC)
     limits = Limits(iterations=1, seconds=2)
     initial = optimize_with_report(m, ac, limits=limits)[1].enodes_initial
     monkeypatch.setattr(ex.pipeline, "SECONDS_PER_NODE",

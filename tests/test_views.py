@@ -157,7 +157,14 @@ def test_in_order_layouts():
 
 # ---------------------------------------------------------------- drawn chains of views
 
-_CONSUMERS = ["exp", "add", "reduce", "map", "map_reduce", "two"]
+# consumer: (reads a second parameter %p, its statement, result "full" or "kept" axes)
+_CONSUMERS = {
+    "exp": (False, "%y = exp %{v} : {t}", "full"),
+    "add": (True, "%y = add %{v}, %p : {t}", "full"),
+    "reduce": (False, "%y = sum %{v}, {ax} : {t}", "kept"),
+    "map": (True, "%y = map %{v}, %p, body=mul(tanh($0), $1) : {t}", "full"),
+    "map_reduce": (False, "%y = map_reduce %{v}, body=exp($0), reduce=max, {ax} : {t}", "kept"),
+}
 
 
 @st.composite
@@ -195,27 +202,16 @@ def view_chains(draw) -> str:
             shape = lead + [draw(st.integers(1, 4)) if d == 1 else d for d in shape]
             lines.append(f"%v{n} = broadcast %{cur} : {ty(shape)}")
         cur = f"v{n}"
-    consumer = draw(st.sampled_from(_CONSUMERS))
+    consumer = draw(st.sampled_from([*_CONSUMERS, "two"]))
     axes = sorted(draw(st.sets(st.integers(0, len(shape) - 1), min_size=1)))
     kept = ty([d for i, d in enumerate(shape) if i not in axes])
     ax = f"axes=[{','.join(map(str, axes))}]"
-    if consumer == "exp":
-        lines.append(f"%y = exp %{cur} : {ty(shape)}")
-        ret = ty(shape)
-    elif consumer == "add":
-        params.append(f"%p: {ty(shape)}")
-        lines.append(f"%y = add %{cur}, %p : {ty(shape)}")
-        ret = ty(shape)
-    elif consumer == "reduce":
-        lines.append(f"%y = sum %{cur}, {ax} : {kept}")
-        ret = kept
-    elif consumer == "map":
-        params.append(f"%p: {ty(shape)}")
-        lines.append(f"%y = map %{cur}, %p, body=mul(tanh($0), $1) : {ty(shape)}")
-        ret = ty(shape)
-    elif consumer == "map_reduce":
-        lines.append(f"%y = map_reduce %{cur}, body=exp($0), reduce=max, {ax} : {kept}")
-        ret = kept
+    if consumer in _CONSUMERS:
+        needs_p, line, result = _CONSUMERS[consumer]
+        if needs_p:
+            params.append(f"%p: {ty(shape)}")
+        ret = ty(shape) if result == "full" else kept
+        lines.append(line.format(v=cur, ax=ax, t=ret))
     else:  # a loop kernel and a reduction both reading the view, results joined
         size, rest = int(np.prod(shape)), int(np.prod([d for i, d in enumerate(shape)
                                                         if i not in axes]))
