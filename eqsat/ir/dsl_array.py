@@ -142,7 +142,10 @@ def where(cond: Any, x: Any, y: Any) -> Tracer:
         raise trace_error(f"select: the condition must be bool, got {cond.type}; compare first, "
                           f"e.g. where(x > 0, x, 0.0)")
     if not isinstance(x, Tracer) and not isinstance(y, Tracer):
-        raise trace_error("select: x or y must be a traced value (its dtype is the result's)")
+        hint = (" (for 1 where the condition holds and 0 elsewhere, cast it: "
+                "eqsat.cast(cond, eqsat.f32))" if (x, y) == (1, 0) else "")
+        raise trace_error(f"select: x or y must be a traced value, whose dtype the result "
+                          f"takes; two Python scalars have none{hint}")
     extra = cond.shape if isinstance(cond, Tracer) else ()
     a, b = lift("select", [x, y], extra)
     c_type = a.type.with_dtype(DType.bool)
