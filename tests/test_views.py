@@ -148,6 +148,29 @@ func @f(%x: f32[64,256]) -> (f32[64,256], f32[32,256]) {
     _check(text, fresh, threads, rtol=0)
 
 
+
+def test_a_reduction_keeping_its_elements_waits_for_the_buffer_it_reuses(fresh):
+    """A softmax's reduction stores its exps into the map's buffer, which the arena may place
+    over one a kernel before it still reads (B, dead after the sum): the two must not run
+    row-chunked together (y's rows are wider than B's: chunked, the sum read B's later rows
+    after the reduction had written exps over them)."""
+    text = """module @m
+func @f(%x: f32[64,2048], %z: f32[64,4096]) -> (f32[64], f32[64], f32[64]) {
+  %b = transpose %x, perm=[1,0] : f32[2048,64]
+  %br = reshape %b : f32[64,2048]
+  %r = sum %br, axes=[1] : f32[64]
+  %s = map_reduce %z, body=exp($0), reduce=sum, axes=[1] : f32[64]
+  %sr = reshape %s : f32[64,1]
+  %sb = broadcast %sr : f32[64,4096]
+  %y = map %z, %sb, body=div(exp($0), $1) : f32[64,4096]
+  %o = max %y, axes=[1] : f32[64]
+  return %r, %o, %s
+}
+"""
+    plan = plan_function(parse(text)["f"], {})
+    assert plan.where["y"] == plan.where["b"] == ("arena", 0)
+    _check(text, fresh, 1, rtol=1e-5)
+
 def test_in_order_layouts():
     assert in_order([40, 1], [3, 4])
     assert in_order([0, 7, 1], [5, 3, 7])

@@ -44,6 +44,9 @@ class Member:
     kernel: Kernel
     values: list[str]  # root value names, outputs first
     itemsizes: list[int]
+    # Values it writes besides its output: a reduction storing its elements into the map
+    # after it (reuse.py), whose buffer may reuse one the group still reads.
+    also_writes: tuple[str, ...] = ()
 
 
 @dataclass
@@ -84,7 +87,7 @@ def try_join(group: Group, m: Member, where: Callable[[str], Buffer]) -> bool:
     # No buffer the group writes may share memory with another it touches (the arena reuses
     # dead buffers: chunked, a later kernel would overwrite rows an earlier one has yet to
     # read). Buffers it only reads may: two slices of one product (see views.py).
-    written = {g.values[0] for g in group.members} | {m.values[0]}
+    written = {v for g in (*group.members, m) for v in (g.values[0], *g.also_writes)}
     touched = {v for g in group.members for v in g.values} | set(m.values)
     for v in written:
         if any(overlap(where(v), where(u)) for u in touched if u != v):

@@ -329,7 +329,8 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                 kernel = fused_kernels.map_in_place(kb, s, [types[o] for o in s.operands])
                 vals = [ref(v) for v in (*s.results, *s.operands)]
             kb.stream, kb.layouts = False, []
-            m = Member(kernel, vals, [types[v].dtype.itemsize for v in vals])
+            also = (vals[-1],) if share is not None and share.producer == idx else ()
+            m = Member(kernel, vals, [types[v].dtype.itemsize for v in vals], also)
             if not try_join(group, m, where):
                 flush()
                 if not try_join(group, m, where):
