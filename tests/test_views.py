@@ -148,7 +148,6 @@ func @f(%x: f32[64,256]) -> (f32[64,256], f32[32,256]) {
     _check(text, fresh, threads, rtol=0)
 
 
-
 def test_a_reduction_keeping_its_elements_waits_for_the_buffer_it_reuses(fresh):
     """A softmax's reduction stores its exps into the map's buffer, which the arena may place
     over one a kernel before it still reads (B, dead after the sum): the two must not run
@@ -170,6 +169,7 @@ func @f(%x: f32[64,2048], %z: f32[64,4096]) -> (f32[64], f32[64], f32[64]) {
     plan = plan_function(parse(text)["f"], {})
     assert plan.where["y"] == plan.where["b"] == ("arena", 0)
     _check(text, fresh, 1, rtol=1e-5)
+
 
 def test_in_order_layouts():
     assert in_order([40, 1], [3, 4])
