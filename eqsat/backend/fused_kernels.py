@@ -16,8 +16,8 @@ from ..ir.module import Stmt
 from ..ir.ops import OPS
 from ..ir.scalar_expr import body_args, body_cost, fold
 from ..ir.types import DType, TensorType
-from .llvm_kernels import (INTERLEAVE, KERNELS, STREAM_MAX_COST, Kernel, KernelBuilder, _load,
-                           _store, broadcast_strides, outer_blocks, reduce_kernel)
+from .llvm_kernels import (KERNELS, Kernel, KernelBuilder, _load, _store, broadcast_strides,
+                           interleave_for, outer_blocks, reduce_kernel)
 from .loops import (collapse, for_range, i64, nest, row_major_strides, stream_dims,
                     streamed_nest, strided_offset, with_trig_fallback)
 from .matmul_kernels import matmul_kernel
@@ -74,7 +74,7 @@ def map_(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
         def loops() -> None:
             nest(b, dims, [0] * (1 + len(ins)),
                  lambda offs: _store(b, value(offs[1:]), o, offs[0]), outer=(lo, hi),
-                 interleave=INTERLEAVE if cost > STREAM_MAX_COST else 0)
+                 interleave=interleave_for(cost))
 
         if trig_fallback:
             with_trig_fallback(b, loops)

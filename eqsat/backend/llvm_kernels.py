@@ -34,6 +34,12 @@ STREAM_MAX_COST = 12
 INTERLEAVE = 4
 
 
+def interleave_for(cost: float) -> int:
+    """The vectors a loop costing `cost` simple operations per element runs side by side
+    (0: LLVM's own choice)."""
+    return INTERLEAVE if cost > STREAM_MAX_COST else 0
+
+
 @dataclass
 class Kernel:
     """A built kernel: its function, the length of its splittable outer loop, and its work."""
@@ -133,16 +139,16 @@ def _store(b: ir.IRBuilder, value: ir.Value, ptr: ir.Value, off: ir.Value) -> No
 
 
 def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
-    """One flat loop: every operand has the result's shape (the IR inserts broadcasts); a
-    loop nest where some operand is a view."""
+    """One loop nest over the result, each operand read through its strides (the IR inserts
+    broadcasts, so they are the result's own unless the operand is a view); a flat streamed
+    loop where the result goes past the caches."""
     out = s.type
     dtype = ins[-1].dtype  # select's branches, the other ops' operands
     fn, b, lo, hi, (o,), ptrs = kb.function(s.op, [out.dtype], [t.dtype for t in ins])
     work = out.nbytes + sum(t.nbytes for t in ins) + int(out.size * element_cost(s.op, dtype))
-    if any(layout is not None for layout in kb.layouts):
-        return _strided_elementwise(kb, s, ins, fn, b, work)
+    contiguous = all(layout is None for layout in kb.layouts)
     dims = (stream_dims([(out.size, [1] * (1 + len(ins)))])
-            if kb.streams(out, element_cost(s.op)) else None)
+            if contiguous and kb.streams(out, element_cost(s.op)) else None)
     if dims is not None:
         streamed_nest(b, dims, lo, hi, o, lambda offs: emit_scalar(
             b, s.op, [_load(b, p, i) for p, i in zip(ptrs, offs)], dtype, out.dtype),
@@ -150,34 +156,15 @@ def elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel
         kb.end_kernel(b)
         return Kernel(fn, dims[0][0], work, outer_blocks(dims[0][0], dims[0][1],
                                                          [out.size] * (1 + len(ins))))
-
-    interleave = INTERLEAVE if element_cost(s.op) > STREAM_MAX_COST else 0
-
-    def loop() -> None:
-        with for_range(b, lo, hi, interleave=interleave) as i:
-            args = [_load(b, p, i) for p in ptrs]
-            _store(b, emit_scalar(b, s.op, args, dtype, out.dtype), o, i)
-
-    with_trig_fallback(b, loop)  # sin and cos: cheap pass first (see loops.py)
-    b.ret_void()
-    return Kernel(fn, out.size, work, (1,) * (1 + len(ins)))
-
-
-def _strided_elementwise(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType],
-                         fn: ir.Function, b: ir.IRBuilder, work: int) -> Kernel:
-    """`elementwise` over operands read through `kb.strides`."""
-    out = s.type
-    lo, hi, o, *ptrs = fn.args
     dims = collapse(out.shape, [row_major_strides(out.shape),
                                 *(kb.strides(k, t) for k, t in enumerate(ins))])
-    interleave = INTERLEAVE if element_cost(s.op) > STREAM_MAX_COST else 0
 
     def loops() -> None:
         nest(b, dims, [0] * (1 + len(ins)), lambda offs: _store(b, emit_scalar(
-            b, s.op, [_load(b, p, i) for p, i in zip(ptrs, offs[1:])], ins[-1].dtype,
-            out.dtype), o, offs[0]), outer=(lo, hi), interleave=interleave)
+            b, s.op, [_load(b, p, i) for p, i in zip(ptrs, offs[1:])], dtype, out.dtype),
+            o, offs[0]), outer=(lo, hi), interleave=interleave_for(element_cost(s.op)))
 
-    with_trig_fallback(b, loops)
+    with_trig_fallback(b, loops)  # sin and cos: cheap pass first (see loops.py)
     b.ret_void()
     return Kernel(fn, dims[0][0], work,
                   outer_blocks(dims[0][0], dims[0][1], [out.size, *kb.sizes(ins)]))
@@ -414,7 +401,7 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
     else:
         init_lo, init_hi = i64(0), i64(out.size)
     n_inner, (so, *sis) = dims[-1]
-    interleave = INTERLEAVE if cost > STREAM_MAX_COST else 0
+    interleave = interleave_for(cost)
     with b.goto_entry_block():
         acc_slot = b.alloca(llvm_type(dtype), name="acc")
 
