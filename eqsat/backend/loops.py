@@ -125,22 +125,21 @@ def tiled_nest(b: ir.IRBuilder, dims: Dims, pair: tuple[int, int], tiles: Sequen
                     body([b.add(o, b.mul(y, i64(s))) if s else o for o, s in zip(row, sb)])
             return
         t = tiles[k]
+
+        def tile(a0: ir.Value, b0: ir.Value) -> None:
+            level(offs, k + 1, (a0, clipped(a0, t, a[1])), (b0, clipped(b0, t, bb[1])), None)
+
         if split is not None:  # the outermost blocks, numbered row by row, split by threads
+            cols = i64(-(-nb // t))
             with for_range(b, *split, name="blk") as n:
-                a0 = b.mul(b.udiv(n, i64(-(-nb // t))), i64(t))
-                b0 = b.mul(b.urem(n, i64(-(-nb // t))), i64(t))
-                level(offs, k + 1, (a0, clipped(a0, t, a[1])), (b0, clipped(b0, t, bb[1])),
-                      None)
+                tile(b.mul(b.udiv(n, cols), i64(t)), b.mul(b.urem(n, cols), i64(t)))
             return
         # tile numbers, relative to the enclosing block's start
         na_k = b.udiv(b.add(b.sub(a[1], a[0]), i64(t - 1)), i64(t))
         nb_k = b.udiv(b.add(b.sub(bb[1], bb[0]), i64(t - 1)), i64(t))
         with for_range(b, i64(0), na_k, name=f"ta{k}") as i:
-            a0 = b.add(a[0], b.mul(i, i64(t)))
             with for_range(b, i64(0), nb_k, name=f"tb{k}") as j:
-                b0 = b.add(bb[0], b.mul(j, i64(t)))
-                level(offs, k + 1, (a0, clipped(a0, t, a[1])), (b0, clipped(b0, t, bb[1])),
-                      None)
+                tile(b.add(a[0], b.mul(i, i64(t))), b.add(bb[0], b.mul(j, i64(t))))
 
     whole_a, whole_b = (i64(0), i64(na)), (i64(0), i64(nb))
     zeros = [i64(0)] * len(sa)
