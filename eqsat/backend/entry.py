@@ -101,6 +101,9 @@ class Plan:
     # buffer, and its element offset there where not 0.
     views: dict[str, list[int]] = field(default_factory=dict)
     offsets: dict[str, int] = field(default_factory=dict)
+    # value -> the value whose buffer holds it: itself, or for a reshape or a view its
+    # operand's root
+    root: dict[str, str] = field(default_factory=dict)
     arena_bytes: int = 0
 
 
@@ -138,7 +141,8 @@ def plan_function(func: Function, callee_arena: dict[str, int]) -> Plan:
     views, offsets = find_views(func, live)
     plan = Plan(func, live, views=views, offsets=offsets)
     params = {p.name: k for k, p in enumerate(func.params)}
-    root = {p: p for p in params}  # a reshape (or a view) is a view of its operand's buffer
+    root = plan.root
+    root.update((p, p) for p in params)
     for idx in live:
         s = body[idx]
         for r in s.results:
@@ -258,7 +262,7 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
             b, ptr = ir.IRBuilder(fn.append_basic_block("entry")), {}
             top.call(fn, list(entry.args))
 
-        root: dict[str, str] = {p.name: p.name for p in plan.func.params}
+        root = plan.root
         group = Group()
 
         def where(v: str) -> Buffer:
@@ -286,10 +290,6 @@ def emit_module(module: Module, plans: dict[str, Plan], llmod: ir.Module) -> Non
                 emit_kernel_call(b, kernel, [get(v) for v in values])
                 called.append(kernel.fn)
 
-        for idx in plan.live:
-            s = plan.func.body[idx]
-            for r in s.results:
-                root[r] = root[s.operands[0]] if s.op == "reshape" or r in plan.views else r
         shares = find_shares(plan.func, plan.live, ref, where)
         # Results read back inside the call, or by a caller, are better left in cache.
         reread = {root[o] for idx in plan.live for o in plan.func.body[idx].operands}
