@@ -104,10 +104,10 @@ def compile_times(name: str, variant: str, optimize: bool) -> tuple[float, float
     with tempfile.TemporaryDirectory() as cache:
         out = []
         for run in range(3):
-            if run == 1:  # forget the program, keep the machine's rates and the pool runtime
+            if run == 1:  # forget the program, keep the machine's rates and the runtimes
                 shutil.rmtree(Path(cache, "optimized"), ignore_errors=True)
                 for f in Path(cache, "objects").glob("*"):
-                    if not f.name.startswith("pool-"):
+                    if not f.name.startswith("runtime-"):
                         f.unlink()
             script = _COMPILE_SCRIPT.format(bench=str(BENCH), name=name, variant=variant,
                                             optimize=optimize)

@@ -59,7 +59,7 @@ def test_cached_compile_skips_the_kernel_builders_and_the_pool_ir(tmp_path):
     objects = {p.name for p in tmp_path.iterdir()}
     assert any(n.endswith(".layout.json") for n in objects)
     if cpu.threads() >= 2:
-        assert any(n.startswith("pool-") for n in objects)  # the pool runtime's object
+        assert any(n.startswith("runtime-pool-") for n in objects)  # the pool runtime's object
     ok, warm = _fresh(tmp_path)
     assert ok and warm == []
 
@@ -79,12 +79,12 @@ def test_missing_or_damaged_layout_compiles_again(tmp_path):
 def test_pool_object_survives_a_damaged_kernel_cache(tmp_path):
     # the pool object is its own entry: deleting it rebuilds it, results unchanged
     _fresh(tmp_path)
-    for p in tmp_path.glob("pool-*.o"):
+    for p in tmp_path.glob("runtime-pool-*.o"):
         p.unlink()
     ok, mods = _fresh(tmp_path)
     assert ok and "parallel" in mods  # built again from its IR
     if cpu.threads() >= 2:
-        assert list(tmp_path.glob("pool-*.o"))
+        assert list(tmp_path.glob("runtime-pool-*.o"))
 
 
 @pytest.mark.parametrize("damage", ["empty", "cut"])
@@ -231,3 +231,50 @@ def test_layout_of_a_module_with_calls_hits_in_a_fresh_process(tmp_path):
                                       check=True).stdout.strip().splitlines()[-1])
             for _ in range(2)]
     assert runs == [[True, True], [True, False]]
+
+
+PRODUCT = """module @mm
+func @f(%a: f32[64,300], %b: f32[300,200]) -> f32[64,200] {
+  %c = matmul %a, %b : f32[64,200]
+  return %c
+}"""
+PRODUCT_SCRIPT = f"""
+import sys, json
+import numpy as np
+import eqsat
+from eqsat.backend import compile_module
+m = eqsat.parse({PRODUCT!r})
+rng = np.random.default_rng(0)
+a, b = rng.standard_normal((64, 300), np.float32), rng.standard_normal((300, 200), np.float32)
+got = compile_module(m, cache_dir=sys.argv[1]).f(a, b)
+ok = bool(np.allclose(got, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3))
+print(json.dumps([ok, [n for n in ("gemm", "entry") if "eqsat.backend." + n in sys.modules]]))
+"""
+
+
+def test_gemm_runtime_is_compiled_once_per_machine(tmp_path):
+    """The GEMM's driver is a runtime library: built on first use, then loaded from its cached
+    object by every program (never compiled into one), rebuilt when damaged."""
+    from eqsat.backend import gemm
+
+    if not gemm.supports(eqsat.ir.DType.f32):
+        pytest.skip("the generated GEMM is switched off (EQSAT_GEMM)")
+
+    def run() -> tuple[bool, list[str]]:
+        out = subprocess.run([sys.executable, "-c", PRODUCT_SCRIPT, str(tmp_path)],
+                             capture_output=True, text=True, check=True)
+        ok, mods = json.loads(out.stdout.strip().splitlines()[-1])
+        return ok, mods
+
+    assert run() == (True, ["gemm", "entry"])
+    (runtime,) = tmp_path.glob("runtime-gemm-f32-*.o")
+    built = runtime.stat().st_mtime_ns
+    for p in tmp_path.glob("*.o"):
+        if not p.name.startswith("runtime-"):
+            p.unlink()
+    assert run() == (True, ["gemm", "entry"])  # the program compiled again...
+    assert runtime.stat().st_mtime_ns == built  # ...against the runtime as it was
+    assert run() == (True, [])  # all cached: no kernel builder, no GEMM IR
+    runtime.write_bytes(runtime.read_bytes()[:100])
+    assert run() == (True, ["gemm"])  # only the damaged runtime is built again
+    assert runtime.stat().st_size > 100

@@ -13,11 +13,12 @@ is done, while it is still in cache. Threads get whole products of a batch, or e
 of one product's columns or rows (`split`), each packing into its own stack buffers, so the
 kernel is re-entrant.
 
-The code is shared: a module has one driver (blocking loops, packing, micro-kernel) per
-dtype, taking the shapes, the operands' strides and the thread's share as arguments; each
-product's kernel is a thin wrapper calling it with its constants, and passes its epilogue as
-a function pointer. Cold compiles pay LLVM for one GEMM per module instead of one per
-product (train_step: 9 products, LLVM 0.85 -> ~0.4 s).
+The code is shared: one driver (blocking loops, packing, micro-kernel) per dtype, taking the
+shapes, the operands' strides and the thread's share as arguments, lives in a runtime library
+compiled once per machine (`runtime_ir`, jit.RUNTIMES); each product's kernel is a thin
+wrapper calling it with its constants, and passes its epilogue as a function pointer. A cold
+compile pays LLVM for no GEMM at all (it once paid for one per product: train_step's 9 took
+0.85 s, then one per module, about 0.1 s).
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from typing import TYPE_CHECKING
 from llvmlite import ir
 
 from ..ir.types import DType, TensorType
-from . import settings
+from . import jit, settings
 from .gemm_blocks import Blocking, blocking, micro_kernel, pack_fn
 from .loops import for_range, i64, row_major_strides, strided_offset
-from .scalar import I64, internal_function, llvm_type
+from .scalar import I64, declare, llvm_type
 
 if TYPE_CHECKING:  # llvm_kernels imports this module
     from .llvm_kernels import Kernel, KernelBuilder
@@ -114,23 +115,36 @@ DRIVER_ARGS = ("t", "m", "n", "k", "r0", "r1", "c0", "c1", "a_rows", "a_cols", "
                "b_cols")
 
 
+def _driver_type(dtype: DType) -> ir.FunctionType:
+    p = llvm_type(dtype).as_pointer()
+    return ir.FunctionType(ir.VoidType(), [p, p, p, *[I64] * len(DRIVER_ARGS),
+                                           _epilogue_type(dtype).as_pointer(), I8P.as_pointer()])
+
+
+def runtime_ir(dtype: str, triple: str, data_layout: str) -> str:
+    """LLVM IR of the GEMM runtime for `dtype` (jit.RUNTIMES): the driver, exported as
+    `jit.gemm_driver(dtype)`, with its packing routines and micro-kernel. Compiled once per
+    machine rather than into every program (0.1 s of LLVM per cold compile)."""
+    module = ir.Module(f"eqsat_gemm_{dtype}")
+    module.triple, module.data_layout = triple, data_layout
+    dt = DType(dtype)
+    _driver(module, dt, blocking(dt))
+    return str(module)
+
+
 def _driver(module: ir.Module, dtype: DType, bl: Blocking) -> ir.Function:
     """`void drv(T* c, T* a, T* b, i64 t, m, n, k, r0, r1, c0, c1, a_rows, a_cols, b_rows,
-    b_cols, epi*, i8** extras)`, once per module and dtype: C[t][r0:r1, c0:c1] (C: m x n
-    matrices from c) = op(A) @ op(B), op(A) at a with element strides a_rows, a_cols (op(B)
-    likewise), then `epi` (or null) over each finished block. Every product's kernel calls it
-    with its own shapes and strides, so the packing and blocking code is emitted once.
+    b_cols, epi*, i8** extras)`: C[t][r0:r1, c0:c1] (C: m x n matrices from c) = op(A) @
+    op(B), op(A) at a with element strides a_rows, a_cols (op(B) likewise), then `epi` (or
+    null) over each finished block. Every product's kernel calls it with its own shapes and
+    strides, so the packing and blocking code exists once (in the runtime).
     noinline: its packing buffers are a large stack frame, which must not add up in a
     caller."""
     ety = llvm_type(dtype)
     p = ety.as_pointer()
-    epi_ty = _epilogue_type(dtype)
-    fnty = ir.FunctionType(ir.VoidType(), [p, p, p, *[I64] * len(DRIVER_ARGS),
-                                           epi_ty.as_pointer(), I8P.as_pointer()])
-    fn, new = internal_function(module, f"eqsat.gemm.drv.{dtype}.{bl.mr}x{bl.nr}", fnty,
-                                ("nounwind", "noinline"))
-    if not new:
-        return fn
+    fn = ir.Function(module, _driver_type(dtype), jit.gemm_driver(str(dtype)))
+    fn.attributes.add("nounwind")
+    fn.attributes.add("noinline")
     for a in fn.args[:3]:
         a.add_attribute("noalias")
     c, pa, pb = fn.args[:3]
@@ -273,7 +287,8 @@ def gemm_matmul(kb: KernelBuilder, name: str, out: TensorType, ins: Sequence[Ten
     # Too little work for threads (see parallel.emit_kernel_call): one share, packed once.
     sp = split(batch, m, n, bl, THREADS if work >= PARALLEL_MIN_WORK else 1)
     fn, b, lo, hi, (c,), ptrs = kb.function(name, [out.dtype], [t.dtype for t in ins])
-    drv = _driver(b.module, out.dtype, bl)
+    dty = _driver_type(out.dtype)
+    drv = declare(b.module, jit.gemm_driver(str(out.dtype)), dty.return_type, dty.args)
     epi_ty = _epilogue_type(out.dtype).as_pointer()
     epi, ctx = ir.Constant(epi_ty, None), ir.Constant(I8P.as_pointer(), None)
     if epilogue is not None:

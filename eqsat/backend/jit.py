@@ -1,5 +1,6 @@
 """llvmlite plumbing: the host target machine, the optimization pipeline, object code,
-the disk cache of object code, and loading object code into MCJIT."""
+the disk cache of object code, the runtime libraries programs call, and loading object code
+into MCJIT."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import hashlib
 import os
 import re
 import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -162,52 +165,107 @@ def hold_across_fork(lock: threading.Lock | threading.RLock | None) -> None:
 
 # llvmlite's own lock around every call into LLVM (private: where it is missing, not held)
 hold_across_fork(getattr(getattr(llvm.ffi.lib, "_lock", None), "_lock", None))
-_runtime: list["Code"] = []  # the thread pool's engine, kept alive for the process
-_runtime_hooks: list[Any] = []  # its after-fork function as a ctypes callable, kept alive
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A library that compiled programs call, compiled once per machine and code generator
+    (its object is cached beside the programs' as `runtime-NAME-FINGERPRINT.o`) and loaded once
+    per process, where `exports` binds each symbol programs call to the library's own. Code
+    every program would otherwise compile again (the GEMM's driver: 0.1 s of LLVM per cold
+    compile) belongs here."""
+
+    name: str
+    exports: dict[str, str]
+    ir: Callable[[str, str], str]  # (triple, data layout) -> the library's LLVM IR
+    optimized: bool  # through the optimization pipeline, or emitted as built
+    on_load: Callable[[Code], None] | None = None
+
+
+def _pool_ir(triple: str, layout: str) -> str:
+    from . import parallel  # here: parallel imports the kernel builders
+
+    return parallel.runtime_ir(triple, layout)
+
+
+def _pool_loaded(code: Code) -> None:
+    if hasattr(os, "register_at_fork"):
+        after_fork = ctypes.CFUNCTYPE(None)(code.address(POOL_AFTER_FORK))
+        _runtime_hooks.append(after_fork)
+        os.register_at_fork(after_in_child=after_fork)
+
+
+def _gemm_ir(dtype: str) -> Callable[[str, str], str]:
+    def build(triple: str, layout: str) -> str:
+        from . import gemm  # the kernel builders: only where the object is not cached
+
+        return gemm.runtime_ir(dtype, triple, layout)
+    return build
+
+
+def gemm_driver(dtype: str) -> str:
+    """The symbol of the packed GEMM's driver for `dtype` (see gemm.runtime_ir)."""
+    return f"eqsat.gemm.drv.{dtype}"
+
+
+# The thread pool is control code, as fast as its semaphores either way: built unoptimized, it
+# is ready sooner. The GEMM driver (blocking loops, packing, micro-kernel) takes every shape and
+# stride as an argument, so one object serves every product of its dtype.
+RUNTIMES: tuple[Runtime, ...] = (
+    Runtime("pool", {POOL_SYMBOL: POOL_ENTRY}, _pool_ir, optimized=False, on_load=_pool_loaded),
+    *(Runtime(f"gemm-{d}", {gemm_driver(d): gemm_driver(d)}, _gemm_ir(d), optimized=True)
+      for d in ("f32", "f64")),
+)
+_loaded: dict[str, "Code"] = {}  # runtime name -> its engine, kept alive for the process
+_runtime_hooks: list[Any] = []  # the pool's after-fork function as a ctypes callable, kept alive
 _runtime_lock = threading.Lock()
 hold_across_fork(_runtime_lock)
 
 
-def _bind_pool(directory: Path | None) -> None:
-    """Load the thread pool's runtime (parallel.runtime_ir) once per process and bind it."""
+def _bind(rt: Runtime, directory: Path | None) -> None:
+    """Load runtime `rt` once per process (from the object cache in `directory`, or built) and
+    bind its exports."""
     with _runtime_lock:
-        if _runtime:
+        if rt.name in _loaded:
             return
-        # Its object is cached beside the kernels' (the fingerprint covers parallel.py), so a
-        # cached compile neither imports the kernel builders nor builds IR (~20 ms). Built
-        # unoptimized: control code, as fast as its semaphores either way, ready sooner.
-        name = f"pool-{fingerprint()[:40]}.o"
+        # Cached beside the kernels' objects (the fingerprint covers this backend's source), so
+        # a cached compile neither imports the kernel builders nor builds IR.
+        name = f"runtime-{rt.name}-{fingerprint()[:40]}.o"
         obj = cache.load_checked(directory, name)
         if obj is None:
-            from . import parallel  # here: parallel imports the kernel builders
-
             triple, cpu, features = host()
-            mod = llvm.parse_assembly(parallel.runtime_ir(triple, data_layout()))
-            mod.verify()
-            tm = llvm.Target.from_triple(triple).create_target_machine(
-                cpu=cpu, features=features, opt=0)
-            obj = tm.emit_object(mod)
+            text = rt.ir(triple, data_layout())
+            if rt.optimized:
+                obj = compile_object(text)
+            else:
+                mod = llvm.parse_assembly(text)
+                mod.verify()
+                tm = llvm.Target.from_triple(triple).create_target_machine(
+                    cpu=cpu, features=features, opt=0)
+                obj = tm.emit_object(mod)
             cache.store_checked(directory, name, obj)
-        code = Code(obj)
-        _runtime.append(code)
-        llvm.add_symbol(POOL_SYMBOL, code.address(POOL_ENTRY))
-        if hasattr(os, "register_at_fork"):
-            after_fork = ctypes.CFUNCTYPE(None)(code.address(POOL_AFTER_FORK))
-            _runtime_hooks.append(after_fork)
-            os.register_at_fork(after_in_child=after_fork)
+        code = Code(obj, directory, runtimes=False)
+        _loaded[rt.name] = code
+        for symbol, own in rt.exports.items():
+            llvm.add_symbol(symbol, code.address(own))
+        if rt.on_load is not None:
+            rt.on_load(code)
 
 
 class Code:
     """Object code loaded into an MCJIT engine: symbol addresses stay valid while it lives."""
 
-    def __init__(self, obj: bytes, directory: Path | None = None):
-        """Load `obj`; `directory` is the object cache the pool runtime may come from."""
+    def __init__(self, obj: bytes, directory: Path | None = None, runtimes: bool = True):
+        """Load `obj`, binding first the runtimes it calls (`runtimes`: a runtime itself calls
+        none); `directory` is the object cache they may come from."""
         _init()
         if any(symbol.encode() in obj for symbol in blas.all_gemm_symbols()) or \
                 blas.THREADS_SYMBOL.encode() in obj:
             _bind_blas()
-        if POOL_SYMBOL.encode() in obj:
-            _bind_pool(directory)
+        if runtimes:
+            for rt in RUNTIMES:
+                if any(symbol.encode() in obj for symbol in rt.exports):
+                    _bind(rt, directory)
         triple = host()[0]
         empty = llvm.parse_assembly(f'target triple = "{triple}"\n')
         self.engine = llvm.create_mcjit_compiler(empty, target_machine())
