@@ -172,7 +172,7 @@ class Runtime:
     """A library that compiled programs call, compiled once per machine and code generator
     (its object is cached beside the programs' as `runtime-NAME-FINGERPRINT.o`) and loaded once
     per process, where `exports` binds each symbol programs call to the library's own. Code
-    every program would otherwise compile again (the GEMM's driver: 0.1 s of LLVM per cold
+    every program would otherwise compile again (the GEMM's driver: ~0.2 s of LLVM per cold
     compile) belongs here."""
 
     name: str
@@ -216,7 +216,7 @@ RUNTIMES: tuple[Runtime, ...] = (
     *(Runtime(f"gemm-{d}", {gemm_driver(d): gemm_driver(d)}, _gemm_ir(d), optimized=True)
       for d in ("f32", "f64")),
 )
-_loaded: dict[str, "Code"] = {}  # runtime name -> its engine, kept alive for the process
+_loaded: dict[str, Code] = {}  # runtime name -> its engine, kept alive for the process
 _runtime_hooks: list[Any] = []  # the pool's after-fork function as a ctypes callable, kept alive
 _runtime_lock = threading.Lock()
 hold_across_fork(_runtime_lock)
