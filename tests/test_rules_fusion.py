@@ -20,6 +20,7 @@ from eqsat import interpret
 from eqsat.extract import optimize, optimize_with_report
 from eqsat.extract.cost import CUDA, work
 from eqsat.ir import DType, Module, parse
+from eqsat.ir.ops import broadcastable
 from eqsat.ir.scalar_expr import App, Arg, parse_body
 from eqsat.rules import Limits, algebraic, check, default, layout, saturate
 from eqsat.rules.fusion import fusion
@@ -392,3 +393,35 @@ def test_optimize_under_a_small_time_limit_is_valid_and_not_costlier():
         for w, g in zip(want if isinstance(want, tuple) else (want,),
                         got if isinstance(got, tuple) else (got,)):
             np.testing.assert_allclose(g, w, rtol=2e-4, atol=2e-5)
+
+
+def _rows_of(n: int, rows: int) -> Module:
+    """sum(concat(tanh(x[i:i+rows] * w) for each block of rows, reversed) * x), with its
+    gradient: hundreds of f32[rows,8] classes beside `w`'s f32[8] one."""
+    def f(x, w):
+        blocks = [eqsat.tanh(x[i:i + rows, :] * w) for i in range(0, n, rows)]
+        return eqsat.sum(eqsat.concatenate(blocks[::-1], axis=0) * x)
+    f.__annotations__ = {"x": f32[n, 8], "w": f32[8]}
+    fn = eqsat.function(f)
+    return eqsat.differentiate(Module(fn, eqsat.grad(fn)))
+
+
+def test_fusion_pass_cut_short_puts_each_new_kernel_in_its_own_class():
+    # A pass stopped after 148 fusions (by its budget here, by its deadline under load) once
+    # had egglog give the map fused for one block the e-class of `w`: the e-graph held
+    # `w = map(x[70:72], w)`, an optimized program read `w` for a row of `x`.
+    from eqsat.rules import bridge, runner
+    from eqsat.rules.compile import compile_ruleset
+    from eqsat.rules.fusion import _PASS
+
+    eg = bridge.load(_rows_of(130, 2))
+    eg.run(compile_ruleset(default()))
+    eg.analyze()
+    eg.run(runner._ROUND)
+    assert sum(_PASS.run(eg, 460).values()) == 148
+    eg.analyze()  # an f32[2,8] map in the f32[8] class: "Illegal merge" here
+    ser = eg.serialize()
+    for n in ser.nodes.values():
+        if n.op == "map":
+            out = ser.types[n.eclass].shape
+            assert all(broadcastable(ser.types[c].shape, out) for c in n.children), n

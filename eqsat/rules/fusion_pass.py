@@ -277,8 +277,15 @@ class FusionPass:
 
     def _program(self, eg: EGraph, g: FusionGraph, cands: list[Candidate]
                  ) -> tuple[list[str], list[Candidate]]:
-        """The egglog commands adding `cands` (the `let`s they need, then one `union` each),
-        and the candidates in the order of their unions."""
+        """The egglog commands adding `cands` (the `let`s they need, then one line each that
+        binds the new term by `let` and unions the two names), and the candidates in the order
+        of their lines.
+
+        The new term is never nested in the `union`: egglog 13.2 (commit 2e5657b) sometimes
+        gives a new term built inside a top-level `union` the id of an unrelated e-class (a map
+        fused for rows of `x` landed in `w`'s class: an illegal merge when the types differ, a
+        wrong program that reads `w` for a row of `x` when they agree), while the same term
+        bound by `let` gets its own."""
         refs = _Refs(self, eg, g)
         lines, done = [], []
         for cand in cands:
@@ -288,7 +295,9 @@ class FusionPass:
                 continue
             env = dict(zip(cand.operands, args))
             stmt = Stmt(("_",), cand.op, cand.operands, cand.attrs, (g.types[cand.eclass],))
-            lines.append(f"(union {target} {eg._stmt_term(stmt, 0, env)})")
+            self.lets += 1
+            name = f"$fu{self.lets}"
+            lines.append(f"(let {name} {eg._stmt_term(stmt, 0, env)}) (union {target} {name})")
             done.append(cand)
         return refs.lines + lines, done
 
