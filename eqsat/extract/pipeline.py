@@ -74,7 +74,7 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
     """`optimize`, and the report of what it did (see `eqsat.extract.report`)."""
     from ..ad import differentiate
     from ..rules import default
-    from . import METHODS
+    from . import METHODS, validate
 
     if not isinstance(module, Module):
         raise Error(f"optimize takes an eqsat.Module, not {type(module).__name__}")
@@ -137,6 +137,12 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
 
     result = _extract_all(expanded, ser, model, method, limits, before, report)
     clock.lap("extract")
+    if result is not expanded and validate.affordable(expanded, result, limits.seconds):
+        why = validate.disagreement(expanded, result)
+        clock.lap("validate")
+        if why:
+            return keep_input(f"internal error: the optimized program disagreed with the input "
+                              f"on random inputs ({why}); please report it")
     report.fused, report.transposes = provenance(expanded, result, rules, report.fired)
     clock.lap("report")
     if progress:

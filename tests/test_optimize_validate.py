@@ -1,0 +1,81 @@
+"""optimize's last check: the optimized program must compute what the input does on random
+inputs (eqsat/extract/validate.py), or the input is kept."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import eqsat
+from eqsat.extract import OptimizeWarning, optimize_with_report, pipeline, validate
+
+ROWS = """module @m
+func @f(%x: f32[6,8], %w: f32[8]) -> f32[] {{
+  %r = slice %x, start=[2,0], stop=[3,8] : f32[1,8]
+  %b = broadcast %w : f32[1,8]
+  %p = mul {lhs}, %b : f32[1,8]
+  %t = tanh %p : f32[1,8]
+  %s = sum %t, axes=[0,1] : f32[]
+  return %s
+}}"""
+
+
+def test_a_program_reading_the_wrong_value_disagrees():
+    right = eqsat.parse(ROWS.format(lhs="%r"))
+    wrong = eqsat.parse(ROWS.format(lhs="%b"))  # w where the row of x belongs
+    assert validate.disagreement(right, right) is None
+    why = validate.disagreement(right, wrong)
+    assert why is not None and why.startswith("@f result 0: 1 of 1 elements differ")
+
+
+def test_rounding_and_special_values_are_not_disagreement():
+    a = np.float32(np.arange(1000) / 7)
+    assert validate._differs(a, a * np.float32(1 + 1e-6)) is None
+    # rules such as log(exp(x)) => x may turn an overflow's inf into a finite value
+    assert validate._differs(np.array([np.inf, 1.0]), np.array([1e30, 1.0])) is None
+    assert validate._differs(np.array([np.nan, 2.0]), np.array([0.5, 2.0])) is None
+    # a near-tie comparison may flip an element or two of a bool result
+    flags = np.arange(100) % 2 == 0
+    flipped = flags.copy()
+    flipped[:3] = ~flipped[:3]
+    assert validate._differs(flags, flipped) is None
+    assert "elements differ" in validate._differs(flags, ~flags)
+    assert "elements differ" in validate._differs(a, a * 1.5)
+
+
+def test_only_programs_cheap_to_interpret_are_checked():
+    small = eqsat.parse(ROWS.format(lhs="%r"))
+    big = eqsat.parse("""module @m
+func @f(%x: f32[4096,1024], %w: f32[1024,1024]) -> f32[4096,1024] {
+  %a = tanh %x : f32[4096,1024]
+  %b = matmul %a, %w : f32[4096,1024]
+  return %b
+}""")
+    assert validate.affordable(small, small, 5.0)
+    assert not validate.affordable(big, big, 5.0)
+    assert not validate.affordable(small, small, 1e-6)
+
+
+def test_optimize_keeps_the_input_when_its_result_disagrees(monkeypatch):
+    module = eqsat.parse(ROWS.format(lhs="%r"))
+    wrong = eqsat.parse(ROWS.format(lhs="%b"))
+    monkeypatch.setattr(pipeline, "_extract_all", lambda *args: wrong)
+    with pytest.warns(OptimizeWarning, match="disagreed with the input on random inputs"):
+        out, report = optimize_with_report(module)
+    assert out == module
+    assert any("disagreed" in note for note in report.notes)
+    assert all(r.kept_input for r in report.functions)
+
+
+def test_optimize_checks_its_result_without_a_warning_when_it_agrees():
+    module = eqsat.parse(ROWS.format(lhs="%r"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OptimizeWarning)
+        out, report = optimize_with_report(module)
+    assert "validate" in report.seconds
+    x = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal(8).astype(np.float32)
+    np.testing.assert_allclose(eqsat.interpret(out, "f", x, w),
+                               eqsat.interpret(module, "f", x, w), rtol=1e-5)
