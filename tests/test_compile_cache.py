@@ -278,3 +278,37 @@ def test_gemm_runtime_is_compiled_once_per_machine(tmp_path):
     runtime.write_bytes(runtime.read_bytes()[:100])
     assert run() == (True, ["gemm"])  # only the damaged runtime is built again
     assert runtime.stat().st_size > 100
+
+
+# A fresh process: a product on the BLAS from the cache in argv[1], with only the OpenBLAS
+# bundled with argv[2] ("numpy": ILP64, "scipy": LP64) bound; prints its binding and the check.
+BLAS_SCRIPT = """
+import sys
+import numpy as np
+import eqsat
+from eqsat.backend import blas, compile_module
+blas._BUNDLED = tuple(b for b in blas._BUNDLED if b[0] == sys.argv[2])
+m = eqsat.parse('''module @lone
+func @f(%a: f32[64,96], %b: f32[96,80]) -> f32[64,80] {
+  %0 = matmul %a, %b : f32[64,80]
+  return %0
+}''')
+a = np.linspace(-1, 1, 64 * 96, dtype=np.float32).reshape(64, 96)
+b = np.cos(np.arange(96 * 80, dtype=np.float32)).reshape(96, 80)
+got = compile_module(m, cache_dir=sys.argv[1]).f(a, b)
+print(",".join(sorted(blas.addresses())), bool(np.allclose(got, a @ b, rtol=1e-4, atol=1e-4)))
+"""
+
+
+def test_objects_calling_another_blas_binding_are_not_reused(tmp_path):
+    """One cache shared by environments whose BLAS binds under other symbols (numpy's ILP64
+    OpenBLAS, scipy's LP64 one: two virtual environments) reused the other's object code: its
+    gemm calls went to unbound symbols and the process died of a segfault."""
+    env = {**os.environ, "EQSAT_GEMM": "0"}
+    outs = [subprocess.run([sys.executable, "-c", BLAS_SCRIPT, str(tmp_path), lib],
+                           capture_output=True, text=True, env=env)
+            for lib in ("numpy", "scipy")]
+    bindings = {o.stdout.split()[0] for o in outs if o.returncode == 0 and o.stdout}
+    if len(bindings) < 2 and all(o.returncode == 0 for o in outs):
+        pytest.skip("numpy's and scipy's OpenBLAS are not both bundled here")
+    assert [(o.returncode, o.stdout.split()[-1:]) for o in outs] == [(0, ["True"])] * 2

@@ -30,6 +30,7 @@ _BUNDLED = (("numpy", "libscipy_openblas64_*.so*", "_64_", True),
             ("scipy", "libscipy_openblas-*.so*", "_", False))
 
 
+@functools.cache
 def _bundled() -> dict[str, int]:
     """The gemms of an OpenBLAS bundled with numpy's or scipy's wheel, found by path and loaded
     with ctypes: importing scipy.linalg for them would cost a cached compile ~0.2 s."""
@@ -79,6 +80,15 @@ def addresses() -> dict[str, int]:
         capsule = cython_blas.__pyx_capi__[name]
         out[symbol] = get_ptr(capsule, get_name(capsule))
     return out
+
+
+def binding() -> str:
+    """Which BLAS symbols this process binds (so the gemms' integer width, and whether the
+    thread-count setter is there), known without importing scipy: object code that calls
+    symbols another environment bound (a cache shared by two virtual environments, one with
+    numpy's ILP64 OpenBLAS and one with scipy's) calls null pointers, so it is part of the
+    object cache's key."""
+    return ",".join(sorted(_bundled())) or "cython_blas"
 
 
 def available() -> bool:

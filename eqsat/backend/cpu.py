@@ -23,7 +23,7 @@ from ..ir.fused import unfuse_module
 from ..ir.module import Module, Stmt
 from ..ir.types import TensorType
 from ..ir.verifier import plain_module
-from . import jit, settings
+from . import blas, jit, settings
 from .runtime import Executable
 
 if TYPE_CHECKING:
@@ -86,11 +86,12 @@ def threads() -> int:
 
 
 def cache_key(module: Module) -> str:
-    """What identifies compiled code: the module text, the target and the code generator."""
+    """What identifies compiled code: the module text, the target, the code generator and the
+    BLAS it links against."""
     enabled, lone = gemm_switches()
     h = hashlib.sha256(str(module).encode())
     h.update(f"{jit.fingerprint()}:{threads()}".encode())
-    h.update(f"gemm {enabled} {lone}".encode())
+    h.update(f"gemm {enabled} {lone} blas {blas.binding()}".encode())
     return h.hexdigest()[:40]
 
 
