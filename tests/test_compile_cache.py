@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 import weakref
 from pathlib import Path
 
@@ -167,6 +168,17 @@ def test_key_changes_with_module_gemm_threads_and_source(monkeypatch):
     monkeypatch.setattr(Path, "read_bytes",
                         lambda p: real(p) + (b"#" if p.name == "parallel.py" else b""))
     assert fresh() != jit.fingerprint()
+
+
+def test_key_while_another_thread_imports_gemm_and_parallel(monkeypatch):
+    """A first compile imports gemm and parallel under the compile lock; another thread
+    computing its key meanwhile found them in sys.modules before their switches were
+    assigned, and raised AttributeError (8 threads compiling at once from an empty cache)."""
+    m = parse(BIG)
+    key = cpu.cache_key(m)
+    for name in ("gemm", "parallel"):
+        monkeypatch.setitem(sys.modules, f"eqsat.backend.{name}", types.ModuleType(name))
+    assert cpu.cache_key(m) == key
 
 
 def test_gemm_env_changes_the_key_in_fresh_processes():

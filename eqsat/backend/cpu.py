@@ -66,23 +66,24 @@ def emit_llvm(module: Module) -> str:
     return str(jit.optimize(text))
 
 
-def gemm_switches() -> tuple[bool, bool]:
-    """gemm.ENABLED and gemm.LONE_PRODUCTS, without importing gemm when it is not loaded yet.
+def _loaded(module: str, name: str, default: Any) -> Any:
+    """Attribute `name` of backend module `module` where that is loaded (its attributes rule:
+    tests set them), else `default`, its value at import. Also while another thread is still
+    importing it (a first compile there): it is in sys.modules before `name` is assigned."""
+    loaded = sys.modules.get(f"{__package__}.{module}")
+    return default if loaded is None else getattr(loaded, name, default)
 
-    gemm reads them from the environment at import (settings.gemm_switches); once it is
-    loaded its attributes rule (tests set them)."""
-    gemm = sys.modules.get(f"{__package__}.gemm")
-    if gemm is not None:
-        return bool(gemm.ENABLED), bool(gemm.LONE_PRODUCTS)
-    return settings.gemm_switches()
+
+def gemm_switches() -> tuple[bool, bool]:
+    """gemm.ENABLED and gemm.LONE_PRODUCTS, without importing gemm when it is not loaded yet
+    (gemm reads them from the environment at import: settings.gemm_switches)."""
+    enabled, lone = settings.gemm_switches()
+    return bool(_loaded("gemm", "ENABLED", enabled)), bool(_loaded("gemm", "LONE_PRODUCTS", lone))
 
 
 def threads() -> int:
     """parallel.THREADS, without importing parallel when it is not loaded yet."""
-    parallel = sys.modules.get(f"{__package__}.parallel")
-    if parallel is not None:
-        return int(parallel.THREADS)
-    return settings.default_threads()
+    return int(_loaded("parallel", "THREADS", settings.default_threads()))
 
 
 def cache_key(module: Module) -> str:
