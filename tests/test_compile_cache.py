@@ -161,13 +161,16 @@ def test_key_changes_with_module_gemm_threads_and_source(monkeypatch):
     assert cpu.cache_key(m) != key
     monkeypatch.undo()
     assert cpu.cache_key(m) == key
-    # the code generator's source: the (per-process) fingerprint covers every backend file
+    # the code generator's source: the (per-process) fingerprint covers every backend file,
+    # and the IR layer's it lowers with (a changed fused-op expansion kept its stale objects)
     fresh = jit.fingerprint.__wrapped__
     assert fresh() == jit.fingerprint()
     real = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes",
-                        lambda p: real(p) + (b"#" if p.name == "parallel.py" else b""))
-    assert fresh() != jit.fingerprint()
+    for changed in ("parallel.py", "fused.py", "scalar_expr.py", "host.py"):
+        monkeypatch.setattr(Path, "read_bytes",
+                            lambda p, changed=changed: real(p) + (b"#" if p.name == changed
+                                                                  else b""))
+        assert fresh() != jit.fingerprint()
 
 
 def test_key_while_another_thread_imports_gemm_and_parallel(monkeypatch):

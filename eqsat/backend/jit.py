@@ -81,14 +81,16 @@ def lanes(itemsize: int) -> int:
 @functools.cache
 def fingerprint() -> str:
     """What compiled code depends on besides the program: target, llvmlite, this backend's
-    own source and the op costs it decides threading and interleaving by (so a changed code
-    generator never reuses stale objects). Computed once per process: the source a process
-    runs is the source it imported."""
+    own source and the IR layer's it lowers with (fused ops' expansions, scalar bodies' folding,
+    the op table and costs it decides threading and interleaving by, the host's limits), so a
+    changed code generator never reuses stale objects. Computed once per process: the source a
+    process runs is the source it imported."""
     h = hashlib.sha256()
     h.update("\0".join((*host(), llvmlite.__version__)).encode())
-    here = Path(__file__).parent
-    for path in [*sorted(here.glob("*.py")), here.parent / "ir" / "op_costs.py"]:
-        h.update(path.name.encode())
+    package = Path(__file__).parent.parent
+    for path in [*sorted(package.glob("backend/*.py")), *sorted(package.glob("ir/*.py")),
+                 package / "host.py"]:
+        h.update(path.relative_to(package).as_posix().encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
