@@ -7,6 +7,7 @@ is skipped, never an error: it only ever saves time.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -42,17 +43,23 @@ def load(directory: Path | None, name: str) -> bytes | None:
 
 
 def store(directory: Path | None, name: str, data: bytes) -> None:
-    """Write entry `name` atomically: a concurrent reader sees all of it or nothing."""
+    """Write entry `name` atomically: a concurrent reader sees all of it or nothing. A write
+    that fails (a full disk, a directory in the entry's place) removes its temporary file: each
+    one left behind took more of the disk that was already full."""
     if directory is None:
         return
     try:
         directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, directory / name)
     except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 _CHECKED = b"eqsat-entry sha256="

@@ -130,6 +130,19 @@ def test_damaged_optimized_program_is_optimized_again(tmp_path, damage):
     assert run() == "True"
 
 
+def test_failed_store_leaves_no_temporary_file(tmp_path):
+    """A store that could not finish (here a directory where the object goes; a full disk
+    alike) left its temporary file behind on every compile."""
+    m = parse(BIG.replace("@big", "@blocked"))
+    (tmp_path / f"{cpu.cache_key(m)}.o").mkdir()
+    for _ in range(2):
+        exe = compile_module(m, cache_dir=tmp_path)
+        cpu._memory.clear()
+    x = np.linspace(-1, 1, N, dtype=np.float32)
+    np.testing.assert_allclose(exe.f(x, x), eqsat.interpret(m, "f", x, x), rtol=1e-5, atol=1e-6)
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 @pytest.mark.parametrize("mode", ["all", "batched", "0", "other"])
 def test_gemm_switches_without_gemm_match_gemm(mode):
     script = ("import sys\nfrom eqsat.backend import cpu\n"
