@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -238,3 +239,40 @@ def test_steering_obeys_an_affinity_narrowed_after_the_pool_started():
     before = counters[0]
     run(3, ctypes.addressof(counters))
     assert [counters[8 * t] for t in range(parallel.THREADS)] == [before + 3] * parallel.THREADS
+
+
+# A fresh process where every thread the C library starts by default gets a 256 KiB stack
+# over a 2 MiB guard (as `ulimit -s` or musl's 128 KiB default would): a product whose shares
+# run on the pool, called until a worker has taken shares.
+SMALL_STACKS = """
+import ctypes
+attr = ctypes.create_string_buffer(128)
+libc = ctypes.CDLL(None)
+assert libc.pthread_attr_init(attr) == 0
+assert libc.pthread_attr_setstacksize(attr, ctypes.c_size_t(256 << 10)) == 0
+assert libc.pthread_attr_setguardsize(attr, ctypes.c_size_t(2 << 20)) == 0
+assert libc.pthread_setattr_default_np(attr) == 0
+import numpy as np
+import eqsat
+from eqsat.backend import compile_module
+m = eqsat.parse('''module @wide
+func @f(%a: f32[64,512], %b: f32[512,2048]) -> f32[64,2048] {
+  %0 = matmul %a, %b : f32[64,2048]
+  return %0
+}''')
+a = np.linspace(-1, 1, 64 * 512, dtype=np.float32).reshape(64, 512)
+b = np.cos(np.arange(512 * 2048, dtype=np.float32)).reshape(512, 2048)
+exe = compile_module(m, cache_dir=None)
+print(all(np.allclose(exe.f(a, b), a @ b, rtol=1e-4, atol=1e-3) for _ in range(50)))
+"""
+
+
+@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "pthread_setattr_default_np"),
+                    reason="no glibc")
+def test_workers_have_stacks_for_the_gemm_whatever_the_default():
+    """Workers took the C library's default stack (RLIMIT_STACK on glibc, 128 KiB on musl);
+    a GEMM share's packing buffers (~0.7 MiB) overflowed a small one: a segfault, or another
+    mapping overwritten."""
+    out = subprocess.run([sys.executable, "-c", SMALL_STACKS], capture_output=True, text=True,
+                         timeout=120)
+    assert (out.returncode, out.stdout.strip()) == (0, "True"), out.stderr[-2000:]

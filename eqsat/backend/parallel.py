@@ -135,6 +135,14 @@ TICKET, SLEEPING, SLOT_TASK, SLOT_ARG, SLOT_TID = 0, 1, 2, 3, 4  # one cache lin
 # syscalls, on this path only; a spinning worker is already on a CPU of its own).
 # CPU_WORDS: the mask's 64-bit words.
 CPU_WORDS = 16
+# Each worker's stack. Left to the C library's default, a worker's stack is what RLIMIT_STACK
+# says on glibc (often 8 MiB, but `ulimit -s` or pthread_setattr_default_np lower it) and 128 KiB
+# on musl (Alpine), while a share of a product runs the GEMM driver, whose packing buffers are a
+# ~0.7 MiB frame (gemm._driver): such a worker overflowed its stack and the process died.
+# Reserved address space, touched only as deep as the kernels go. ATTR_BYTES: room for a
+# pthread_attr_t (56 bytes on 64-bit glibc and musl).
+WORKER_STACK = 8 << 20
+ATTR_BYTES = 128
 # The gettid system call's number per architecture (glibc's own gettid() is only 2.30+); where
 # it is unknown, workers publish no id and are not steered.
 SYS_GETTID = {"x86_64": 186, "aarch64": 178}
@@ -261,6 +269,9 @@ def runtime_ir(triple: str, data_layout: str) -> str:
     getpid = declare(m, "getpid", I32, [])
     nr_gettid = SYS_GETTID.get(triple.split("-")[0])
     create = declare(m, "pthread_create", I32, [I64.as_pointer(), VOIDP, TASK.as_pointer(), VOIDP])
+    attr_init = declare(m, "pthread_attr_init", I32, [VOIDP])
+    attr_stack = declare(m, "pthread_attr_setstacksize", I32, [VOIDP, I64])
+    attr_destroy = declare(m, "pthread_attr_destroy", I32, [VOIDP])
     detach = declare(m, "pthread_detach", I32, [I64])
     pause = (declare(m, "llvm.x86.sse2.pause", ir.VoidType(), [])
              if triple.startswith(("x86_64", "i386", "i686")) else None)
@@ -328,6 +339,9 @@ def runtime_ir(triple: str, data_layout: str) -> str:
             want = b.sub(b.select(b.icmp_unsigned("<", n, ir.Constant(I32, MAX_WORKERS + 1)),
                                   n, ir.Constant(I32, MAX_WORKERS + 1)), one)
             tid = b.alloca(I64)
+            attr = b.alloca(ir.ArrayType(I8, ATTR_BYTES))
+            attr.align = 16
+            attr = b.bitcast(attr, VOIDP)
             grow, grown = b.append_basic_block("grow"), b.append_basic_block("grown")
             b.branch(grow)
             b.position_at_end(grow)
@@ -335,8 +349,10 @@ def runtime_ir(triple: str, data_layout: str) -> str:
             more = b.append_basic_block("more")
             b.cbranch(b.icmp_signed("<", have, want), more, grown)
             b.position_at_end(more)
-            rc = b.call(create, [tid, ir.Constant(VOIDP, None), worker,
-                                 b.inttoptr(b.zext(have, I64), VOIDP)])
+            b.call(attr_init, [attr])
+            b.call(attr_stack, [attr, i64(WORKER_STACK)])
+            rc = b.call(create, [tid, attr, worker, b.inttoptr(b.zext(have, I64), VOIDP)])
+            b.call(attr_destroy, [attr])
             ok = b.append_basic_block("created")
             b.cbranch(b.icmp_signed("==", rc, zero), ok, grown)  # no thread: fewer workers
             b.position_at_end(ok)
