@@ -244,6 +244,16 @@ def test_a_damaged_or_foreign_cache_is_measured_again(tmp_path, monkeypatch):
     assert machine.cpu_rates(tmp_path / "missing" / "dir") == fake
 
 
+def test_rates_that_cannot_be_stored_leave_no_temporary_file(tmp_path, monkeypatch):
+    """Every process that measured the rates and could not store them (a full disk; here a
+    directory where the file goes) left its machine.PID.tmp behind."""
+    fake = machine.CpuRates(1.0, 2.0, machine.machine_key())
+    monkeypatch.setattr(machine, "measure", lambda: fake)
+    (tmp_path / machine.CACHE_FILE).mkdir()
+    assert machine.cpu_rates(tmp_path) == fake
+    assert [p.name for p in tmp_path.iterdir()] == [machine.CACHE_FILE]
+
+
 def test_cpu_target_uses_the_measured_rates():
     model = cost_model("cpu")
     assert model.name == "cpu" and model.peak_flops > 0 and model.bandwidth > 0

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..cache import CACHE_ENV, cache_dir, machine_key  # noqa: F401  (re-exported)
+from ..cache import CACHE_ENV, cache_dir, machine_key, store  # noqa: F401  (re-exported)
 from ..host import usable_cores
 
 CACHE_FILE = "machine.json"
@@ -141,11 +141,6 @@ def cpu_rates(cache: str | os.PathLike | None = None, refresh: bool = False) -> 
         if found is not None:
             return found
     rates = measure()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(rates), indent=1))
-        os.replace(tmp, path)  # atomic, so concurrent processes never read half a file
-    except OSError:
-        pass
+    # atomic, so concurrent processes never read half a file (and a failed write leaves none)
+    store(path.parent, path.name, json.dumps(asdict(rates), indent=1).encode())
     return rates
