@@ -127,6 +127,17 @@ def test_allocation_too_large_for_memory_is_an_interpret_error():
         interpret(m, "f")
 
 
+@pytest.mark.parametrize("body, result", [
+    ("  %c = const 1.0 : f32[16777216,16777216]\n  return %c", "f32[16777216,16777216]"),
+    ("  %c = const 1.0 : f32[16777216,16777216]\n  %s = sum %c, axes=[0,1] : f32[]\n"
+     "  return %s", "f32[]"),
+], ids=["result", "arena"])
+def test_compiled_call_too_large_for_memory_is_an_interpret_error(body: str, result: str):
+    exe = eqsat.compile(parse(f"func @f() -> {result} {{\n{body}\n}}\n"), optimize=False)
+    with pytest.raises(eqsat.InterpretError, match="out of memory calling @f"):
+        exe.f()
+
+
 def chain_text(n: int) -> str:
     ops = ["add %{p}, %x", "mul %{p}, %x", "tanh %{p}", "neg %{p}", "maximum %{p}, %x"]
     lines = ["func @f(%x: f32[4]) -> f32[4] {", "  %v0 = neg %x : f32[4]"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UnknownFunction
+from ..errors import InterpretError, UnknownFunction
 from ..ir.dsl_function import function_name
 from ..ir.interpreter import bind_arguments, check_inputs
 from ..ir.module import Function, Module
@@ -74,6 +74,14 @@ def _aligned(shape: tuple[int, ...], dtype: np.dtype, align: int) -> np.ndarray:
     return buf[start: start + nbytes].view(dtype).reshape(shape)
 
 
+def _out_of_memory(entry: _Entry) -> str:
+    """The message for a call whose results or scratch arena cannot be allocated (as the
+    interpreter says it, rather than numpy's MemoryError)."""
+    results = sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype, _ in entry.results)
+    return (f"out of memory calling @{entry.func.name}: its results take {results:,} bytes "
+            f"and its working memory {entry.arena_bytes:,} bytes")
+
+
 class Executable:
     """Compiled functions of a module: `exe("f", *arrays)` or `exe.f(*arrays)`.
 
@@ -121,11 +129,15 @@ class Executable:
             arrays = bind_arguments(name, entry.func.params, arrays, named)
         if not entry.ready(arrays):
             arrays = tuple(np.ascontiguousarray(a) for a in check_inputs(entry.func, arrays))
-        outputs = [_aligned(shape, dtype, self._align) if streamed else np.empty(shape, dtype)
-                   for shape, dtype, streamed in entry.results]
+        try:
+            outputs = [_aligned(shape, dtype, self._align) if streamed
+                       else np.empty(shape, dtype) for shape, dtype, streamed in entry.results]
+            arena = self._arena(entry.arena_bytes)
+        except MemoryError:
+            raise InterpretError(_out_of_memory(entry)) from None
         ins = entry.ins_type(*map(_address, arrays))
         outs = entry.outs_type(*map(_address, outputs))
-        entry.native(ins, outs, self._arena(entry.arena_bytes))
+        entry.native(ins, outs, arena)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     def __getattr__(self, name: str) -> Callable[..., np.ndarray | tuple[np.ndarray, ...]]:
