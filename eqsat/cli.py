@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import zipfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -100,12 +99,19 @@ def _read_inputs(path: str, params: tuple) -> list[np.ndarray]:
         if npz:
             with data:
                 arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        why = ("it is neither an .npz nor an .npy file" if "pickled" in str(e) else str(e))
+    except Exception as e:  # noqa: BLE001
+        # a damaged archive surfaces as whatever zipfile, zlib or numpy's header reader
+        # raises (zlib.error, NotImplementedError, RuntimeError, tokenize.TokenError, ...)
+        why = ("it is neither an .npz nor an .npy file" if "pickled" in str(e)
+               else str(e) or type(e).__name__)
         raise Error(f"{path}: cannot read the inputs: {why}") from None
     if not npz:
         raise Error(f"{path}: expected an .npz file of named arrays (np.savez(path, x=...)), "
                     f"found a single array (an .npy file)")
+    raw = [k for k, v in arrays.items() if not isinstance(v, np.ndarray)]
+    if raw:
+        raise Error(f"{path}: cannot read the inputs: {', '.join(raw)} in the archive is not "
+                    f"an array saved by numpy (np.savez(path, x=...))")
     names = [p.name for p in params]
     positional = [f"arr_{i}" for i in range(len(names))]
     for keys in (names, positional):

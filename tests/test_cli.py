@@ -124,6 +124,28 @@ def test_run_refuses_files_that_are_not_npz(good, tmp_path, capsys):
         assert message in err and "Traceback" not in err
 
 
+def test_run_refuses_damaged_archives_without_a_traceback(good, tmp_path, capsys):
+    import zipfile
+
+    import numpy as np
+
+    p, _ = good
+    packed = tmp_path / "packed.npz"
+    np.savez_compressed(packed, x=np.arange(64, dtype=np.float32))
+    raw = packed.read_bytes()
+    damaged = []  # flipped bytes that raised zlib.error, NotImplementedError, RuntimeError
+    for i, flip in ((28, 0xFF), (len(raw) - 67, 0xFF), (len(raw) - 65, 0x01)):
+        path = tmp_path / f"damaged{i}.npz"
+        path.write_bytes(raw[:i] + bytes([raw[i] ^ flip]) + raw[i + 1:])
+        damaged.append(path)
+    member = tmp_path / "member.npz"  # a zip member that np.save did not write
+    with zipfile.ZipFile(member, "w") as z:
+        z.writestr("x", b"hello")
+    for path in [*damaged, member]:
+        assert main(["run", p, "f", "--inputs", str(path)]) == 1
+        assert f"{path}: cannot read the inputs" in capsys.readouterr().err
+
+
 def test_run_takes_the_function_as_written_in_the_text(good, capsys):
     import numpy as np
 
