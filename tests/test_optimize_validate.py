@@ -67,6 +67,18 @@ def test_optimize_keeps_the_input_when_its_result_disagrees(monkeypatch):
     assert out == module
     assert any("disagreed" in note for note in report.notes)
     assert all(r.kept_input for r in report.functions)
+    assert any("internal error: please report it" in note for note in report.notes)
+
+
+def test_a_disagreement_after_a_users_unsound_rule_names_the_rule_not_eqsat():
+    module = eqsat.parse(ROWS.format(lhs="%r"))
+    rules = eqsat.rules.default() + eqsat.rules.parse(
+        "rule tanh_is_x: tanh(?x) => ?x")  # unsound: validation catches it
+    with pytest.warns(OptimizeWarning, match="tanh_is_x") as caught:
+        out, report = optimize_with_report(module, rules)
+    assert out == module
+    assert "please report" not in str(caught[0].message)
+    assert "eqsat.rules.check" in report.notes[0]
 
 
 def test_optimize_checks_its_result_without_a_warning_when_it_agrees():

@@ -141,13 +141,26 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
         why = validate.disagreement(expanded, result)
         clock.lap("validate")
         if why:
-            return keep_input(f"internal error: the optimized program disagreed with the input "
-                              f"on random inputs ({why}); please report it")
+            return keep_input(f"the optimized program disagreed with the input on random "
+                              f"inputs ({why}); {_suspect(rules)}")
     report.fused, report.transposes = provenance(expanded, result, rules, report.fired)
     clock.lap("report")
     if progress:
         print(report, file=sys.stderr)
     return result, report
+
+
+def _suspect(rules: RuleSet) -> str:
+    """Who to suspect when the optimized program computes something else: a rule the user
+    brought (unsound rules make exactly that), else eqsat itself."""
+    from ..rules import default
+
+    built_in = {str(r) for r in default()}
+    own = [r.name for r in rules if str(r) not in built_in]
+    if own:
+        return (f"a rule not among the built-in ones may be unsound ({', '.join(own[:5])}"
+                f"{', ...' if len(own) > 5 else ''}): eqsat.rules.check(rules) finds which")
+    return "an internal error: please report it"
 
 
 class _Clock:
