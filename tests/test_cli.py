@@ -55,6 +55,18 @@ def test_console_script_runs(tmp_path):
     assert r.returncode == 0 and r.stdout == ""
 
 
+def test_a_reader_that_goes_away_stops_the_output_without_a_traceback(tmp_path):
+    p = tmp_path / "long.eqir"  # canonical text past stdout's buffer, so main() writes it
+    p.write_text("module @m\n" + "".join(
+        f"\nfunc @f{i}(%x: f32[4]) -> f32[4] {{\n  %y = neg %x : f32[4]\n  return %y\n}}\n"
+        for i in range(500)))
+    proc = subprocess.Popen([sys.executable, "-m", "eqsat.cli", "fmt", str(p)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # as `eqsat fmt long.eqir | head -c0` does
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 141 and "Traceback" not in err and "BrokenPipe" not in err
+
+
 def test_run_compiled_and_interpreted(tmp_path, capsys):
     import numpy as np
 
