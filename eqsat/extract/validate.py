@@ -21,7 +21,7 @@ import numpy as np
 
 from ..ir.interpreter import interpret
 from ..ir.module import Function, Module
-from ..ir.types import DType
+from ..ir.samples import random_arguments
 
 BUDGET = 0.05  # of the time limit, at most, spent interpreting both programs ...
 MAX_SECONDS = 0.15  # ... and no more than this (a compile of a large program must stay quick)
@@ -51,20 +51,6 @@ def affordable(before: Module, after: Module, seconds: float) -> bool:
     `MAX_SECONDS` (a second draw runs only where the first disagrees)."""
     cost = sum(_work(f) for m in (before, after) for f in m.functions)
     return cost <= min(BUDGET * seconds, MAX_SECONDS)
-
-
-def _inputs(f: Function, rng: np.random.Generator) -> list[np.ndarray]:
-    out = []
-    for p in f.params:
-        t = p.type
-        if t.dtype is DType.bool:
-            a = rng.random(t.shape) < 0.5
-        elif t.dtype.is_int:
-            a = rng.integers(-3, 4, t.shape)
-        else:
-            a = rng.uniform(-2.0, 2.0, t.shape)
-        out.append(np.asarray(a, dtype=t.dtype.np))
-    return out
 
 
 def _differs(a: np.ndarray, b: np.ndarray) -> str | None:
@@ -100,7 +86,7 @@ def disagreement(before: Module, after: Module, seed: int = 0) -> str | None:
         why = None
         for draw in range(DRAWS):
             rng = np.random.default_rng((seed, draw, len(f.body)))
-            args = _inputs(f, rng)
+            args = random_arguments(f, -2.0, 2.0, rng)
             with np.errstate(all="ignore"):
                 want, got = interpret(before, f.name, *args), interpret(after, f.name, *args)
             want = want if isinstance(want, tuple) else (want,)

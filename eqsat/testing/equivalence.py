@@ -9,7 +9,6 @@ first shrinks the inputs to a small counterexample).
 
 from __future__ import annotations
 
-import math
 import zlib
 from typing import Any
 
@@ -21,8 +20,8 @@ from ..errors import Error
 from ..ir.dsl import TracedFunction
 from ..ir.interpreter import interpret
 from ..ir.module import Function, Module
-from ..ir.types import DType
-from .strategies import _inward, inputs
+from ..ir.samples import random_arguments
+from .strategies import inputs
 
 _HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
 
@@ -141,7 +140,7 @@ def _property(m1: Module, m2: Module, f: Function, trials: int, rtol: float, ato
         def run_seeded() -> None:
             rng = np.random.default_rng(zlib.crc32(str(f).encode()))
             for _ in range(trials):
-                check_function(m1, m2, f.name, _random_inputs(f, low, high, rng), rtol, atol)
+                check_function(m1, m2, f.name, random_arguments(f, low, high, rng), rtol, atol)
         return run_seeded
 
     @settings(max_examples=trials, deadline=None, database=None, suppress_health_check=_HEALTH)
@@ -150,20 +149,3 @@ def _property(m1: Module, m2: Module, f: Function, trials: int, rtol: float, ato
         check_function(m1, m2, f.name, args, rtol, atol)
 
     return run
-
-
-def _random_inputs(f: Function, low: float, high: float, rng: np.random.Generator
-                   ) -> tuple[np.ndarray, ...]:
-    """Arrays of `f`'s parameter types from the domains `inputs` draws from."""
-    out = []
-    for p in f.params:
-        t = p.type
-        if t.dtype is DType.bool:
-            a = rng.random(t.shape) < 0.5
-        elif t.dtype.is_int:
-            a = rng.integers(math.floor(low), math.ceil(high) + 1, t.shape)
-        else:
-            lo, hi = _inward(low, high, t.dtype.np)  # as `inputs`: bounds the dtype holds
-            a = np.clip(rng.uniform(lo, hi, t.shape).astype(t.dtype.np), lo, hi)
-        out.append(np.asarray(a, dtype=t.dtype.np))
-    return tuple(out)

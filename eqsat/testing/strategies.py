@@ -19,6 +19,7 @@ from hypothesis.extra import numpy as hnp
 from eqsat.ir.dsl import TracedFunction
 from eqsat.ir.module import Function, Module
 from eqsat.ir.ops import OPS
+from eqsat.ir.samples import inward as _inward
 from eqsat.ir.types import DType, TensorType
 
 from .builder import Builder
@@ -184,11 +185,3 @@ def _array(t: TensorType, low: float, high: float) -> st.SearchStrategy[np.ndarr
     return hnp.arrays(t.dtype.np, t.shape, elements=elements)
 
 
-def _inward(low: float, high: float, dtype: np.dtype) -> tuple[float, float]:
-    """The bounds rounded inwards to values `dtype` represents exactly."""
-    lo, hi = dtype.type(low), dtype.type(high)
-    if lo < low:
-        lo = np.nextafter(lo, dtype.type(np.inf))
-    if hi > high:
-        hi = np.nextafter(hi, dtype.type(-np.inf))
-    return float(lo), float(hi)
