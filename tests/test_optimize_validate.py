@@ -91,3 +91,13 @@ def test_optimize_checks_its_result_without_a_warning_when_it_agrees():
     w = np.random.default_rng(1).standard_normal(8).astype(np.float32)
     np.testing.assert_allclose(eqsat.interpret(out, "f", x, w),
                                eqsat.interpret(module, "f", x, w), rtol=1e-5)
+
+
+def test_a_program_the_interpreter_cannot_run_is_not_judged(monkeypatch):
+    module = eqsat.parse(ROWS.format(lhs="%r"))
+
+    def refuse(*args, **kwargs):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(validate, "interpret", refuse)
+    assert validate.disagreement(module, eqsat.parse(ROWS.format(lhs="%b"))) is None
