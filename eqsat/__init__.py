@@ -104,6 +104,11 @@ def compile(module: Module, target: str = "cpu", optimize: bool = True, rules: A
     Returns an Executable: `exe("f", *arrays)` or `exe.f(*arrays)` run the compiled code.
     """
     backend = _backend(target)
+    if limits is not None:  # checked whether or not it optimizes: never silently ignored
+        from .rules import Limits
+
+        if not isinstance(limits, Limits):
+            raise Error(f"limits must be an eqsat.Limits, not {type(limits).__name__}")
     m = differentiate(_as_module(module, "compile"))
     if optimize:
         m = _optimize_cached(m, rules, target, limits)

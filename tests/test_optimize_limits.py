@@ -112,3 +112,13 @@ def test_a_round_that_outgrows_what_extraction_affords_keeps_the_input(monkeypat
     out, report = optimize_with_report(m, ac, limits=limits)
     assert report.enodes_final > 2 * initial, report
     assert out == m and "extraction can handle" in report.notes[0]
+
+
+@pytest.mark.parametrize("optimize", [True, False])
+def test_compile_refuses_limits_that_are_not_limits(optimize):
+    """A wrong `limits` is an eqsat.Error whether or not compile optimizes (it was ignored
+    with optimize=False)."""
+    m = eqsat.parse("module @m\nfunc @f(%x: f32[4]) -> f32[4] {\n  %a = tanh %x : f32[4]\n"
+                    "  return %a\n}")
+    with pytest.raises(eqsat.Error, match="limits must be an eqsat.Limits, not int"):
+        eqsat.compile(m, optimize=optimize, limits=5)

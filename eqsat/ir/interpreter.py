@@ -66,8 +66,8 @@ def check_inputs(func: Function | Any, args: tuple[Any, ...], params=None) -> li
                 arr = arr.astype(want.dtype.np)  # the other byte order: same values, native
             if arr.dtype != want.dtype.np:
                 raise InterpretError(
-                    f"argument {i + 1} of @{func.name} (%{p.name}) must be {want}, got a "
-                    f"{arr.dtype} array of shape {arr.shape}; convert it with "
+                    f"argument {i + 1} of @{func.name} (%{p.name}) must be {want}, got an "
+                    f"array of dtype {arr.dtype} and shape {arr.shape}; convert it with "
                     f".astype(np.{want.dtype.np.name})")
         else:
             arr = _from_python(a, want, f"argument {i + 1} of @{func.name} (%{p.name})")
