@@ -86,6 +86,13 @@ def _one(x: np.ndarray) -> Any:
     return x.dtype.type(1)
 
 
+def _einsum_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b by einsum over copies: on a broadcast operand (stride 0) einsum factors the
+    repeated value out of the sum (inf * (0 + 1) = inf where the product's terms give
+    inf * 0 + inf * 1 = nan), which no product computes."""
+    return np.einsum("...ij,...jk->...ik", np.array(a), np.array(b))
+
+
 REFERENCE: dict[str, tuple[frozenset[DType], Ref | None]] = {
     "neg": (NUMERIC, _u(lambda x: -x)),
     "abs": (NUMERIC, _u(lambda x: np.where(np.signbit(x), -x, x))),  # |-0.0| is 0.0
@@ -120,7 +127,7 @@ REFERENCE: dict[str, tuple[frozenset[DType], Ref | None]] = {
     "sum": (NUMERIC, lambda a, attrs, t: np.add.reduce(a[0], axis=attrs["axes"], dtype=t.dtype.np)),
     "max": (ALL, lambda a, attrs, t: np.amax(a[0], axis=attrs["axes"])),
     "min": (ALL, lambda a, attrs, t: np.amin(a[0], axis=attrs["axes"])),
-    "matmul": (NUMERIC, lambda a, attrs, t: np.einsum("...ij,...jk->...ik", a[0], a[1])),
+    "matmul": (NUMERIC, lambda a, attrs, t: _einsum_product(a[0], a[1])),
     "transpose": (ALL, lambda a, attrs, t: a[0].transpose(attrs["perm"])),
     "reshape": (ALL, lambda a, attrs, t: np.reshape(a[0], t.shape)),
     "slice": (ALL, lambda a, attrs, t: a[0][tuple(slice(s, e) for s, e in
@@ -128,9 +135,8 @@ REFERENCE: dict[str, tuple[frozenset[DType], Ref | None]] = {
     "concat": (ALL, lambda a, attrs, t: np.concatenate(a, axis=attrs["axis"])),
     "cast": (ALL, lambda a, attrs, t: a[0].astype(t.dtype.np)),
     "call": (ALL, None),  # runs the callee's body with these references (see `reference_call`)
-    "matmul_t": (NUMERIC, lambda a, attrs, t: np.einsum(
-        "...ij,...jk->...ik", *(np.swapaxes(x, -1, -2) if flag else x
-                                for x, flag in zip(a, (attrs["ta"], attrs["tb"]))))),
+    "matmul_t": (NUMERIC, lambda a, attrs, t: _einsum_product(
+        *(np.swapaxes(x, -1, -2) if flag else x for x, flag in zip(a, (attrs["ta"], attrs["tb"]))))),
     "map": (ALL, None),  # fused kernels: their expansion into core ops, run with these references
     "map_reduce": (ALL, None),
     "matmul_epi": (NUMERIC, None),
@@ -436,3 +442,17 @@ def test_const_literal_of_the_wrong_kind_is_refused(literal: str, dtype: str):
         eqsat.parse(f"func @f() -> {dtype}[] {{\n  %c = const {literal} : {dtype}[]\n"
                     f"  return %c\n}}\n")
     assert (e.value.line, e.value.col) == (2, 14)
+
+
+def test_product_reference_does_not_factor_a_broadcast_operand():
+    """The case hypothesis found: [inf, inf] (a broadcast) @ [[0], [1]] is nan, as every
+    product computes it, not the inf einsum gives on a stride-0 view."""
+    a = np.broadcast_to(np.array(np.inf), (1, 2))
+    w = np.array([[0.0], [1.0]])
+    with np.errstate(all="ignore"):
+        got = REFERENCE["matmul"][1]([a, w], {}, None)
+    assert np.isnan(got).all()
+    assert np.isnan(interpret(eqsat.parse(
+        "module @m\nfunc @f(%y: f64[], %w: f64[2,1]) -> f64[1,1] {\n"
+        "  %b = broadcast %y : f64[1,2]\n  %p = matmul %b, %w : f64[1,1]\n  return %p\n}"),
+        "f", np.array(np.inf), w)).all()
