@@ -4,6 +4,8 @@ through the public compile path, against numpy in float64 and the interpreter.""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -329,3 +331,36 @@ def test_driver_reads_any_strides() -> None:
         fn = ctypes.CFUNCTYPE(None, fptr, fptr, fptr)(code.address(f"run_{name}"))
         fn(*(t.ctypes.data_as(fptr) for t in (c, *args)))
         check(c, a.astype(np.float64) @ bb, k, "f32")
+
+
+SMALL_STACK = """
+import threading
+import numpy as np
+import eqsat
+from eqsat.backend import compile_module
+threading.stack_size(256 << 10)
+m = eqsat.parse('''module @m
+func @f(%a: f32[256,512], %b: f32[512,384]) -> f32[256,384] {
+  %c = matmul %a, %b : f32[256,384]
+  return %c
+}''')
+a = np.linspace(-1, 1, 256 * 512, dtype=np.float32).reshape(256, 512)
+b = np.cos(np.arange(512 * 384, dtype=np.float32)).reshape(512, 384)
+exe = compile_module(m, cache_dir=None)
+out = []
+t = threading.Thread(target=lambda: out.append(bool(np.allclose(exe.f(a, b), a @ b, rtol=1e-4,
+                                                                atol=1e-3))))
+t.start()
+t.join()
+print(out)
+"""
+
+
+def test_a_thread_with_a_small_stack_runs_a_product() -> None:
+    """The driver's ~0.7 MiB of packing buffers come from the heap: on the stack they
+    overflowed a 256 KiB thread stack (the process died with SIGSEGV), since the calling
+    thread runs a share of the product itself."""
+    out = subprocess.run([sys.executable, "-c", SMALL_STACK], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[True]"

@@ -2,7 +2,7 @@
 
 C[m x n] = op(A)[m x k] @ op(B)[k x n] per batch. The columns of a thread's share go in
 blocks of NC, the depth in blocks of KC, the rows in blocks of MC; each (KC x NC) block of B
-and each (MC x KC) block of A is copied ("packed") into a contiguous stack buffer in
+and each (MC x KC) block of A is copied ("packed") into a contiguous buffer in
 micro-panel order, read through the operand's own strides (so transposed or viewed operands
 cost nothing extra) and zero-padded to whole panels. A micro-kernel then computes each
 MR x NR tile of C from an MR-row panel of A and an NR-column panel of B with MR * NR / W
@@ -10,7 +10,7 @@ vector accumulators held in registers (W lanes: 16 f32 on AVX-512), one broadcas
 NR / W vector FMAs per row and step of the depth. Only the valid part of an edge tile is
 written back. An epilogue rewrites each (MC x NC) block of C as soon as its last depth block
 is done, while it is still in cache. Threads get whole products of a batch, or equal shares
-of one product's columns or rows (`split`), each packing into its own stack buffers, so the
+of one product's columns or rows (`split`), each packing into its own heap buffers, so the
 kernel is re-entrant.
 
 The code is shared: one driver (blocking loops, packing, micro-kernel) per dtype, taking the
@@ -137,11 +137,8 @@ def _driver(module: ir.Module, dtype: DType, bl: Blocking) -> ir.Function:
     b_cols, epi*, i8** extras)`: C[t][r0:r1, c0:c1] (C: m x n matrices from c) = op(A) @
     op(B), op(A) at a with element strides a_rows, a_cols (op(B) likewise), then `epi` (or
     null) over each finished block. Every product's kernel calls it with its own shapes and
-    strides, so the packing and blocking code exists once (in the runtime).
-    noinline: its packing buffers are a large stack frame, which must not add up in a
-    caller."""
-    ety = llvm_type(dtype)
-    p = ety.as_pointer()
+    strides, so the packing and blocking code exists once (in the runtime). Its packing
+    buffers come from the heap (`_packing_buffers`)."""
     fn = ir.Function(module, _driver_type(dtype), jit.gemm_driver(str(dtype)))
     fn.attributes.add("nounwind")
     fn.attributes.add("noinline")
@@ -154,10 +151,7 @@ def _driver(module: ir.Module, dtype: DType, bl: Blocking) -> ir.Function:
     uk = micro_kernel(module, dtype, bl)
     pack_a, pack_b = pack_fn(module, dtype, bl.mr, bl.lanes), pack_fn(module, dtype, bl.nr,
                                                                          bl.lanes)
-    abuf = b.alloca(ir.ArrayType(ety, bl.mc * bl.kc), name="apack")
-    bbuf = b.alloca(ir.ArrayType(ety, bl.kc * bl.nc), name="bpack")
-    abuf.align = bbuf.align = 64
-    ap, bp = b.bitcast(abuf, p), b.bitcast(bbuf, p)
+    ap, bp, heap = _packing_buffers(b, dtype, bl)
     has_epi = b.icmp_unsigned("!=", epi, ir.Constant(epi.type, None))
 
     def smin(x: ir.Value, y: ir.Value) -> ir.Value:
@@ -201,8 +195,41 @@ def _driver(module: ir.Module, dtype: DType, bl: Blocking) -> ir.Function:
                 with b.if_then(b.and_(last, has_epi)):
                     row = b.add(b.mul(t, m), ic)
                     b.call(epi, [extras, c, row, b.add(row, mc), jc, b.add(jc, nc)])
+    with b.if_then(b.icmp_unsigned("!=", heap, ir.Constant(I8P, None))):
+        b.call(declare(module, "free", ir.VoidType(), [I8P]), [heap])
     b.ret_void()
     return fn
+
+
+def _packing_buffers(b: ir.IRBuilder, dtype: DType, bl: Blocking
+                     ) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """The packed blocks of A (MC x KC) and B (KC x NC), 64-byte aligned, and the heap block
+    holding them (null where they are on the stack), for the caller to free. On the heap:
+    they take ~0.7 MiB, which overflowed the stack of a thread calling a product from a small
+    stack (Python's `threading.stack_size`, musl's 128 KiB default); after the first call
+    malloc serves the block from its free list. On the stack only where malloc fails."""
+    ety = llvm_type(dtype)
+    a_elems, b_elems = bl.mc * bl.kc, bl.kc * bl.nc
+    memalign = declare(b.module, "posix_memalign", ir.IntType(32), [I8P.as_pointer(), I64, I64])
+    with b.goto_entry_block():
+        slot = b.alloca(I8P, name="pack.slot")
+    b.store(ir.Constant(I8P, None), slot)
+    b.call(memalign, [slot, i64(64), i64((a_elems + b_elems) * dtype.itemsize)])
+    heap = b.load(slot)  # still null where it failed
+    came = b.block
+    stack, ready = b.append_basic_block("pack.stack"), b.append_basic_block("pack.ready")
+    b.cbranch(b.icmp_unsigned("!=", heap, ir.Constant(I8P, None)), ready, stack)
+    b.position_at_end(stack)
+    onstack = b.alloca(ir.ArrayType(ety, a_elems + b_elems), name="pack.onstack")
+    onstack.align = 64
+    onstack = b.bitcast(onstack, I8P)
+    b.branch(ready)
+    b.position_at_end(ready)
+    buf = b.phi(I8P, name="pack.buf")
+    buf.add_incoming(heap, came)
+    buf.add_incoming(onstack, stack)
+    first = b.bitcast(buf, ety.as_pointer())
+    return first, b.gep(first, [i64(a_elems)], inbounds=True), heap
 
 
 def _epilogue_fn(kb: KernelBuilder, name: str, dtype: DType, extras: Sequence[DType],
