@@ -10,16 +10,22 @@ milliseconds for the small programs a wrong answer would most likely be noticed 
 limit and `MAX_SECONDS`, and keeps the input where the two clearly disagree.
 
 Only clear disagreement counts, on two independent draws: rounding differences (reassociated
-sums, fused multiply-adds, cancellation) stay far inside the tolerance, and values that are
-NaN or infinite in either program (rules such as log(exp(x)) => x are allowed to change them)
-are not compared.
+sums, fused multiply-adds) stay far inside the tolerance, and values that are NaN or infinite
+in either program (rules such as log(exp(x)) => x are allowed to change them) are not
+compared. Cancellation can leave a result made of rounding alone (the gradient of
+sum(softmax(x)) is 0 in exact arithmetic, -8e-8 here and 0 there), far from the tolerance of
+its own magnitude; so where a float result seems to differ, the input runs once more with each
+value it computes moved by a rounding error, and `NOISE` times how far that moves the result
+is tolerated too. A wrong program differs by the size of the values, not of their rounding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-from ..ir.interpreter import interpret
+from ..ir.interpreter import interpret, interpret_function
 from ..ir.module import Function, Module
 from ..ir.samples import random_arguments
 
@@ -30,6 +36,7 @@ SECONDS_PER_ELEMENT = 20e-9  # ... and per element it computes (matmul: per mult
 RTOL = 0.05  # of an element's magnitude plus ...
 SCALE_TOL = 0.01  # ... this share of the result's largest finite magnitude
 DRAWS = 2  # disagreement must show on every draw
+NOISE = 64  # times how far one rounding error per computed value moves a result
 
 
 def _work(f: Function) -> float:
@@ -53,8 +60,9 @@ def affordable(before: Module, after: Module, seconds: float) -> bool:
     return cost <= min(BUDGET * seconds, MAX_SECONDS)
 
 
-def _differs(a: np.ndarray, b: np.ndarray) -> str | None:
-    """How `b` (optimized) clearly differs from `a` (input), or None."""
+def _differs(a: np.ndarray, b: np.ndarray, noise: float = 0.0) -> str | None:
+    """How `b` (optimized) clearly differs from `a` (input), or None; floats within `noise`
+    (the input's own rounding, in absolute terms) times NOISE agree."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return f"shape {list(b.shape)} where {list(a.shape)} belongs"
@@ -70,12 +78,41 @@ def _differs(a: np.ndarray, b: np.ndarray) -> str | None:
             return None
         scale = float(np.max(np.abs(x[both])))
         err = np.where(both, np.abs(x - y), 0.0)
-        over = err > RTOL * np.abs(x) + SCALE_TOL * scale
+        over = err > RTOL * np.abs(x) + SCALE_TOL * scale + NOISE * noise
     if not over.any():
         return None
     i = int(np.argmax(np.where(over, err, -1.0)))
     return (f"{int(over.sum())} of {a.size} elements differ, e.g. {float(y.flat[i]):.6g} "
             f"where {float(x.flat[i]):.6g} belongs")
+
+
+def _rounding(rng: np.random.Generator) -> Callable[[np.ndarray], np.ndarray]:
+    """A perturbation moving each float element by up to one unit of its dtype's epsilon,
+    relative: a rounding error of its own."""
+    def perturb(a: np.ndarray) -> np.ndarray:
+        if a.dtype.kind != "f":
+            return a
+        moved = a * (1.0 + np.finfo(a.dtype).eps * rng.uniform(-1.0, 1.0, a.shape))
+        return np.asarray(moved, dtype=a.dtype)
+    return perturb
+
+
+def _noise(a: np.ndarray, moved: np.ndarray) -> float:
+    """The largest change between `a` and `moved` over elements finite in both (0 for
+    non-floats)."""
+    a, moved = np.asarray(a), np.asarray(moved)
+    if a.dtype.kind not in "fc":
+        return 0.0
+    with np.errstate(all="ignore"):
+        x, y = a.astype(np.float64), moved.astype(np.float64)
+        both = np.isfinite(x) & np.isfinite(y)
+        return float(np.max(np.abs(x - y)[both])) if both.any() else 0.0
+
+
+def _first(want: tuple, got: tuple, noise: list[float] | None = None) -> str | None:
+    noise = noise or [0.0] * len(want)
+    return next((f"result {k}: {w}" for k, w in
+                 enumerate(_differs(a, b, n) for a, b, n in zip(want, got, noise)) if w), None)
 
 
 def disagreement(before: Module, after: Module, seed: int = 0) -> str | None:
@@ -90,15 +127,18 @@ def disagreement(before: Module, after: Module, seed: int = 0) -> str | None:
             try:
                 with np.errstate(all="ignore"):
                     want, got = interpret(before, f.name, *args), interpret(after, f.name, *args)
+                    want = want if isinstance(want, tuple) else (want,)
+                    got = got if isinstance(got, tuple) else (got,)
+                    found = _first(want, got)
+                    if found is not None:  # beyond what the input's own rounding explains?
+                        moved = interpret_function(before, f.name, *args,
+                                                   perturb=_rounding(rng))
+                        found = _first(want, got, [_noise(a, m) for a, m in zip(want, moved)])
             except Exception:  # noqa: BLE001 (what these inputs cannot run says nothing)
                 break
-            want = want if isinstance(want, tuple) else (want,)
-            got = got if isinstance(got, tuple) else (got,)
-            why = next((f"result {k}: {w}" for k, w in
-                        enumerate(_differs(a, b) for a, b in zip(want, got)) if w), None)
+            why = found
             if why is None:
                 break
         if why is not None:
             return f"@{f.name} {why}"
     return None
-

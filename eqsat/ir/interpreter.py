@@ -130,8 +130,12 @@ def run_stmt(op_name: str, args: list[np.ndarray], attrs: dict, t: TensorType) -
     return out
 
 
-def interpret_function(module: Module, name: str, *args: Any) -> list[np.ndarray]:
-    """Run function `name` of a verified module without gradient declarations; all results."""
+def interpret_function(module: Module, name: str, *args: Any,
+                       perturb: Callable[[np.ndarray], np.ndarray] | None = None
+                       ) -> list[np.ndarray]:
+    """Run function `name` of a verified module without gradient declarations; all results.
+    `perturb`, where given, replaces each statement's result (callees' too) by what it returns
+    (optimize's check uses it to see how far rounding alone moves the results)."""
     root = _function(module, name)
     inputs = check_inputs(root, args)
     frames = [_Frame(root, {p.name: a for p, a in zip(root.params, inputs)})]
@@ -155,8 +159,8 @@ def interpret_function(module: Module, name: str, *args: Any) -> list[np.ndarray
                     frames.append(_Frame(callee, {p.name: fr.env[o]
                                                   for p, o in zip(callee.params, s.operands)}))
                     continue
-                fr.env[s.results[0]] = run_stmt(s.op, [fr.env[o] for o in s.operands], s.attr,
-                                                s.types[0])
+                out = run_stmt(s.op, [fr.env[o] for o in s.operands], s.attr, s.types[0])
+                fr.env[s.results[0]] = out if perturb is None else perturb(out)
                 fr.pc += 1
     except MemoryError:
         raise InterpretError(f"out of memory while interpreting @{name} (statement "
