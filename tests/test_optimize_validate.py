@@ -130,3 +130,28 @@ def test_a_result_of_rounding_alone_may_change_but_a_wrong_value_may_not():
         ZERO_IN_EXACT_ARITHMETIC.format(result="%zero"))) is None
     wrong = eqsat.parse(ZERO_IN_EXACT_ARITHMETIC.format(result="%p"))
     assert "elements differ" in validate.disagreement(module, wrong)
+
+
+FACTORED = """module @m
+func @f(%x: f32[64], %y: f32[64], %z: f32[64]) -> bool[64] {{
+  %a = mul %x, %y : f32[64]
+  %b = mul %x, %z : f32[64]
+  %c = add %a, %b : f32[64]
+  %s = add %y, %z : f32[64]
+  %d = mul %x, %s : f32[64]
+  %e = {cmp} : bool[64]
+  %t = const true : bool[64]
+  return {result}
+}}"""
+
+
+def test_a_comparison_rounding_decides_may_change_but_a_wrong_one_may_not():
+    # x*y + x*z == x*(y+z) holds in exact arithmetic; in floats it is false at random elements,
+    # and where the optimizer factors both sides into one value it is true everywhere
+    module = eqsat.parse(FACTORED.format(cmp="eq %c, %d", result="%e"))
+    factored = eqsat.parse(FACTORED.format(cmp="eq %c, %d", result="%t"))
+    assert validate.disagreement(module, factored) is None
+    # x*y < x*z is no near-tie: the opposite comparison is wrong
+    right = eqsat.parse(FACTORED.format(cmp="lt %a, %b", result="%e"))
+    wrong = eqsat.parse(FACTORED.format(cmp="gt %a, %b", result="%e"))
+    assert "elements differ" in validate.disagreement(right, wrong)

@@ -14,9 +14,11 @@ sums, fused multiply-adds) stay far inside the tolerance, and values that are Na
 in either program (rules such as log(exp(x)) => x are allowed to change them) are not
 compared. Cancellation can leave a result made of rounding alone (the gradient of
 sum(softmax(x)) is 0 in exact arithmetic, -8e-8 here and 0 there), far from the tolerance of
-its own magnitude; so where a float result seems to differ, the input runs once more with each
-value it computes moved by a rounding error, and `NOISE` times how far that moves the result
-is tolerated too. A wrong program differs by the size of the values, not of their rounding.
+its own magnitude, and a comparison of values equal in exact arithmetic flips at random. So
+where a result seems to differ, the input runs once more with each value it computes moved by
+a rounding error, and `NOISE` times how far that moves a float result is tolerated too (`FLIPS`
+times how many elements it changes of a bool or integer one). A wrong program differs by the
+size of the values, not of their rounding.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ RTOL = 0.05  # of an element's magnitude plus ...
 SCALE_TOL = 0.01  # ... this share of the result's largest finite magnitude
 DRAWS = 2  # disagreement must show on every draw
 NOISE = 64  # times how far one rounding error per computed value moves a result
+FLIPS = 4  # times how many elements of a bool or integer result such an error changes
 
 
 def _work(f: Function) -> float:
@@ -61,16 +64,17 @@ def affordable(before: Module, after: Module, seconds: float) -> bool:
 
 
 def _differs(a: np.ndarray, b: np.ndarray, noise: float = 0.0) -> str | None:
-    """How `b` (optimized) clearly differs from `a` (input), or None; floats within `noise`
-    (the input's own rounding, in absolute terms) times NOISE agree."""
+    """How `b` (optimized) clearly differs from `a` (input), or None, beyond `noise`: what the
+    input's own rounding changes (see `_noise`), which NOISE or FLIPS times over is tolerated."""
     a, b = np.asarray(a), np.asarray(b)
     if a.shape != b.shape:
         return f"shape {list(b.shape)} where {list(a.shape)} belongs"
     if a.dtype.kind not in "fc":
-        # a comparison of nearly equal floats may flip: only a large share of changes counts
+        # a comparison of nearly equal floats may flip: only a large share of changes counts,
+        # and comparisons of values equal in exact arithmetic flip at random (x*y + x*z == x*(y+z))
         changed = int(np.count_nonzero(a != b))
         return (f"{changed} of {a.size} elements differ" if a.size >= 4 and
-                changed > 0.25 * a.size else None)
+                changed > 0.25 * a.size + FLIPS * noise else None)
     with np.errstate(all="ignore"):
         x, y = a.astype(np.float64), b.astype(np.float64)
         both = np.isfinite(x) & np.isfinite(y)
@@ -98,11 +102,13 @@ def _rounding(rng: np.random.Generator) -> Callable[[np.ndarray], np.ndarray]:
 
 
 def _noise(a: np.ndarray, moved: np.ndarray) -> float:
-    """The largest change between `a` and `moved` over elements finite in both (0 for
-    non-floats)."""
+    """How much `moved` differs from `a`: floats by the largest change over elements finite in
+    both, others by how many elements changed."""
     a, moved = np.asarray(a), np.asarray(moved)
-    if a.dtype.kind not in "fc":
+    if a.shape != moved.shape:
         return 0.0
+    if a.dtype.kind not in "fc":
+        return float(np.count_nonzero(a != moved))
     with np.errstate(all="ignore"):
         x, y = a.astype(np.float64), moved.astype(np.float64)
         both = np.isfinite(x) & np.isfinite(y)
@@ -110,6 +116,7 @@ def _noise(a: np.ndarray, moved: np.ndarray) -> float:
 
 
 def _first(want: tuple, got: tuple, noise: list[float] | None = None) -> str | None:
+    """How the first result that differs does, or None."""
     noise = noise or [0.0] * len(want)
     return next((f"result {k}: {w}" for k, w in
                  enumerate(_differs(a, b, n) for a, b, n in zip(want, got, noise)) if w), None)
