@@ -99,7 +99,7 @@ def test_a_program_the_interpreter_cannot_run_is_not_judged(monkeypatch):
     def refuse(*args, **kwargs):
         raise MemoryError("no room")
 
-    monkeypatch.setattr(validate, "interpret", refuse)
+    monkeypatch.setattr(validate, "interpret_function", refuse)
     assert validate.disagreement(module, eqsat.parse(ROWS.format(lhs="%b"))) is None
 
 

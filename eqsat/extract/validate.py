@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..ir.interpreter import interpret, interpret_function
+from ..ir.interpreter import interpret_function
 from ..ir.module import Function, Module
 from ..ir.samples import random_arguments
 
@@ -45,9 +45,8 @@ FLIPS = 4  # times how many elements of a bool or integer result such an error c
 def _work(f: Function) -> float:
     """Estimated interpreter seconds for one call of `f` (callees counted at their calls)."""
     elements = 0
-    types = {p.name: p.type for p in f.params}
+    types = f.types()
     for s in f.body:
-        types.update(zip(s.results, s.types))
         elements += sum(t.size for t in s.types)
         if s.op in ("matmul", "matmul_t", "matmul_epi"):
             a = types[s.operands[0]]
@@ -115,7 +114,8 @@ def _noise(a: np.ndarray, moved: np.ndarray) -> float:
         return float(np.max(np.abs(x - y)[both])) if both.any() else 0.0
 
 
-def _first(want: tuple, got: tuple, noise: list[float] | None = None) -> str | None:
+def _first(want: list[np.ndarray], got: list[np.ndarray], noise: list[float] | None = None
+           ) -> str | None:
     """How the first result that differs does, or None."""
     noise = noise or [0.0] * len(want)
     return next((f"result {k}: {w}" for k, w in
@@ -133,9 +133,8 @@ def disagreement(before: Module, after: Module, seed: int = 0) -> str | None:
             args = random_arguments(f, -2.0, 2.0, rng)
             try:
                 with np.errstate(all="ignore"):
-                    want, got = interpret(before, f.name, *args), interpret(after, f.name, *args)
-                    want = want if isinstance(want, tuple) else (want,)
-                    got = got if isinstance(got, tuple) else (got,)
+                    want = interpret_function(before, f.name, *args)
+                    got = interpret_function(after, f.name, *args)
                     found = _first(want, got)
                     if found is not None:  # beyond what the input's own rounding explains?
                         moved = interpret_function(before, f.name, *args,
