@@ -144,6 +144,12 @@ class FusionPass:
             counts[cand.rule] += 1
         return counts
 
+    def fresh_let(self) -> str:
+        """A global egglog name never bound before (names outlive a run: egglog refuses to
+        bind one twice)."""
+        self.lets += 1
+        return f"$fu{self.lets}"
+
     def overhead(self) -> float:
         """Seconds its last run spent before it could stop (typing and serializing the graph)."""
         return self._overhead
@@ -295,8 +301,7 @@ class FusionPass:
                 continue
             env = dict(zip(cand.operands, args))
             stmt = Stmt(("_",), cand.op, cand.operands, cand.attrs, (g.types[cand.eclass],))
-            self.lets += 1
-            name = f"$fu{self.lets}"
+            name = self.fresh_let()
             lines.append(f"(let {name} {eg._stmt_term(stmt, 0, env)}) (union {target} {name})")
             done.append(cand)
         return refs.lines + lines, done
@@ -356,8 +361,7 @@ class _Refs:
                 stack.append((cid, True))
                 stack += [(k, False) for k in node.children if k not in self.names]
                 continue
-            self.owner.lets += 1
-            name = f"$fu{self.owner.lets}"
+            name = self.owner.fresh_let()
             self.lines.append(f"(let {name} {self._term(cid, node)})")
             self.names[cid] = name
         return self.names[c]
