@@ -105,10 +105,9 @@ def compile(module: Module, target: str = "cpu", optimize: bool = True, rules: A
     """
     backend = _backend(target)
     if limits is not None:  # checked whether or not it optimizes: never silently ignored
-        from .rules import Limits
+        from .rules.runner import checked_limits
 
-        if not isinstance(limits, Limits):
-            raise Error(f"limits must be an eqsat.Limits, not {type(limits).__name__}")
+        checked_limits(limits)
     m = differentiate(_as_module(module, "compile"))
     if optimize:
         m = _optimize_cached(m, rules, target, limits)

@@ -137,8 +137,9 @@ TICKET, SLEEPING, SLOT_TASK, SLOT_ARG, SLOT_TID = 0, 1, 2, 3, 4  # one cache lin
 CPU_WORDS = 16
 # Each worker's stack. Left to the C library's default, a worker's stack is what RLIMIT_STACK
 # says on glibc (often 8 MiB, but `ulimit -s` or pthread_setattr_default_np lower it) and 128 KiB
-# on musl (Alpine), while a share of a product runs the GEMM driver, whose packing buffers are a
-# ~0.7 MiB frame (gemm._driver): such a worker overflowed its stack and the process died.
+# on musl (Alpine), while a share of a product runs the GEMM driver, whose ~0.7 MiB of packing
+# buffers were a stack frame until they moved to the heap (they still fall back to the stack
+# where malloc fails): such a worker overflowed its stack and the process died.
 # Reserved address space, touched only as deep as the kernels go. ATTR_BYTES: room for a
 # pthread_attr_t (56 bytes on 64-bit glibc and musl).
 WORKER_STACK = 8 << 20

@@ -32,7 +32,7 @@ from ..rules.bridge import LoadTimeout
 from ..rules.bridge import Serialized
 from ..rules.bridge import bindings as _egglog
 from ..rules.lang import RuleSet
-from ..rules.runner import TIME_LIMIT, Limits, saturate
+from ..rules.runner import TIME_LIMIT, Limits, checked_limits, saturate
 from .choice import Extraction
 from .cost import CostModel, cost_model, function_costs
 from .egraph import FREE_OPS, EGraph, node_costs
@@ -81,12 +81,10 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
     if rules is not None and not isinstance(rules, RuleSet):
         raise Error(f"rules must be an eqsat.rules.RuleSet (or None for the built-in rules), "
                     f"not {type(rules).__name__}")
-    if limits is not None and not isinstance(limits, Limits):
-        raise Error(f"limits must be an eqsat.Limits, not {type(limits).__name__}")
+    limits = checked_limits(limits)
     if method not in METHODS:
         raise Error(f"unknown extraction method {method!r}; valid: {', '.join(METHODS)}")
     model = cost_model(target)
-    limits = limits or Limits()
     rules = default() if rules is None else rules
     report = OptimizeReport(target=model.name, method=method)
     clock = _Clock(report, progress)

@@ -79,6 +79,15 @@ class Limits:
                             f"got {v!r}")
 
 
+def checked_limits(limits: object) -> Limits:
+    """`limits`, or the defaults where it is None; an eqsat.Error for anything else."""
+    if limits is None:
+        return Limits()
+    if not isinstance(limits, Limits):
+        raise Error(f"limits must be an eqsat.Limits, not {type(limits).__name__}")
+    return limits
+
+
 @dataclass
 class Round:
     """One round: e-graph size after it, its duration, and the matches of each rule in it."""
