@@ -18,7 +18,7 @@ shapes, the operands' strides and the thread's share as arguments, lives in a ru
 compiled once per machine (`runtime_ir`, jit.RUNTIMES); each product's kernel is a thin
 wrapper calling it with its constants, and passes its epilogue as a function pointer. A cold
 compile pays LLVM for no GEMM at all (it once paid for one per product: train_step's 9 took
-0.85 s, then one per module, about 0.1 s).
+0.85 s, then one per module, about 0.2 s).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def _driver_type(dtype: DType) -> ir.FunctionType:
 def runtime_ir(dtype: str, triple: str, data_layout: str) -> str:
     """LLVM IR of the GEMM runtime for `dtype` (jit.RUNTIMES): the driver, exported as
     `jit.gemm_driver(dtype)`, with its packing routines and micro-kernel. Compiled once per
-    machine rather than into every program (0.1 s of LLVM per cold compile)."""
+    machine rather than into every program (~0.2 s of LLVM per cold compile)."""
     module = ir.Module(f"eqsat_gemm_{dtype}")
     module.triple, module.data_layout = triple, data_layout
     dt = DType(dtype)
