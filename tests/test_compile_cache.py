@@ -77,6 +77,19 @@ def test_missing_or_damaged_layout_compiles_again(tmp_path):
     assert ok and "entry" in mods and layout.exists()
 
 
+def test_layout_naming_a_missing_symbol_compiles_again(tmp_path):
+    # a hand-edited layout with this module's functions but a symbol the object lacks raised
+    # KeyError from the loader; it is a miss now, compiled again and overwritten
+    _fresh(tmp_path)
+    (layout,) = tmp_path.glob("*.layout.json")
+    data = json.loads(layout.read_text())
+    data["functions"]["f"]["symbol"] = "no.such.symbol"
+    layout.write_text(json.dumps(data))
+    ok, mods = _fresh(tmp_path)
+    assert ok and "entry" in mods
+    assert json.loads(layout.read_text())["functions"]["f"]["symbol"] != "no.such.symbol"
+
+
 def test_pool_object_survives_a_damaged_kernel_cache(tmp_path):
     # the pool object is its own entry: deleting it rebuilds it, results unchanged
     _fresh(tmp_path)

@@ -121,6 +121,23 @@ def _load_layout(directory: Path | None, key: str, module: Module) -> dict[str, 
     return layout if ok else None
 
 
+def _from_disk(directory: Path | None, key: str, module: Module
+               ) -> tuple[jit.Code, dict[str, Any]] | None:
+    """The cached code of `key` and its layout, or None when either is missing, damaged, or
+    the layout names a symbol the object lacks (a hand-edited file): then it is compiled anew."""
+    obj = jit.cache_load(directory, key)
+    layout = _load_layout(directory, key, module) if obj is not None else None
+    if obj is None or layout is None:
+        return None
+    code = jit.Code(obj, directory)
+    try:
+        for entry in layout["functions"].values():
+            code.address(entry["symbol"])
+    except KeyError:
+        return None
+    return code, layout
+
+
 def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFAULT) -> Executable:
     """Compile a verified module of plain functions for this CPU.
 
@@ -137,15 +154,17 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
         if code is not None:
             layout = _layouts[code]
         else:
-            obj = jit.cache_load(directory, key)
-            layout = _load_layout(directory, key, module) if obj is not None else None
-            if obj is None or layout is None:
+            cached = _from_disk(directory, key, module)
+            if cached is None:
                 text, plans = lower(module)
                 obj = jit.compile_object(text)
                 layout = _layout(plans)
                 # the layout first: an object without its layout is a miss, never a wrong call
                 cache.store(directory, f"{key}.layout.json", json.dumps(layout).encode())
                 jit.cache_store(directory, key, obj)
-            code = _memory[key] = jit.Code(obj, directory)
+                code = jit.Code(obj, directory)
+            else:
+                code, layout = cached
+            _memory[key] = code
             _layouts[code] = layout
     return Executable(module, code, layout, key)
