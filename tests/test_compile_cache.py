@@ -90,6 +90,14 @@ def test_layout_naming_a_missing_symbol_compiles_again(tmp_path):
     assert json.loads(layout.read_text())["functions"]["f"]["symbol"] != "no.such.symbol"
 
 
+def test_empty_cache_dir_is_refused(tmp_path, monkeypatch):
+    # "" meant the current directory (Path("") is "."): objects landed wherever the process ran
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(eqsat.Error, match="cache_dir is empty"):
+        compile_module(parse(BIG), cache_dir="")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_pool_object_survives_a_damaged_kernel_cache(tmp_path):
     # the pool object is its own entry: deleting it rebuilds it, results unchanged
     _fresh(tmp_path)

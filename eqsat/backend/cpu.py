@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import cache
+from ..errors import Error
 from ..ir.fused import unfuse_module
 from ..ir.module import Module, Stmt
 from ..ir.types import TensorType
@@ -142,10 +143,13 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
     """Compile a verified module of plain functions for this CPU.
 
     Compiled code is cached in memory (while an Executable of it lives) and under `cache_dir`
-    (default ~/.cache/eqsat; None turns the disk cache off), keyed by the module text, target
+    (default ~/.cache/eqsat/objects; None turns the disk cache off), keyed by the module text, target
     and code generator.
     """
     module = plain_module(module, "compile_module")
+    if cache_dir == "":
+        raise Error("cache_dir is empty: pass None to turn the disk cache off, or a directory "
+                    "('.' for the current one)")
     directory = jit.default_cache_dir() if cache_dir is _DEFAULT else (
         Path(cache_dir) if cache_dir is not None else None)
     key = cache_key(module)
