@@ -114,7 +114,7 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
         return keep_input(str(e), warn=False)
     except (Error, EggSmolError) as e:
         # an op without an e-graph encoding, or a rule set egglog rejects: the input stands
-        hint = (" (a rule equates values of different types; eqsat.rules.check finds it)"
+        hint = (f": a rule equated values of different types; {_suspect(rules)}"
                 if "Illegal merge" in str(e) else "")
         return keep_input(f"saturation failed: {e}{hint}")
     except Exception as e:  # a bug of ours must not cost the user the program
