@@ -169,3 +169,15 @@ def test_a_leading_byte_order_mark_is_skipped():
         eqsat.parse("\ufeffmodule @m funk")
     rules = eqsat.rules.parse("\ufeffrule swap: add(?x, ?y) => add(?y, ?x)")
     assert [r.name for r in rules.rules] == ["swap"]
+
+
+@pytest.mark.parametrize("newline", ["\r", "\r\n"])
+def test_old_mac_and_windows_line_ends_are_line_ends(newline):
+    """A comment ends at a lone CR too (it swallowed the whole program, which parsed as an empty
+    module), and errors count lines by it."""
+    text = "# my model\nmodule @m\nfunc @f(%x: f32[3]) -> f32[3] {\n  %a = neg %x : f32[3]\n"
+    good = text + "  return %a\n}\n"
+    assert eqsat.parse(good.replace("\n", newline)) == eqsat.parse(good)
+    bad = text.replace("f32[3]\n", "f32[4]\n", 1) + "  return %a\n}\n"
+    with pytest.raises(eqsat.VerifyError, match="line 4, col 17:"):
+        eqsat.parse(bad.replace("\n", newline).encode())

@@ -14,9 +14,9 @@ from .types import DTYPES, TensorType, shape_problem
 
 _TOKEN = re.compile(
     r"""
-    (?P<ws>[ \t\r\f\v]+)
-  | (?P<nl>\n)
-  | (?P<comment>\#[^\n]*)
+    (?P<ws>[ \t\f\v]+)
+  | (?P<nl>\r\n?|\n)
+  | (?P<comment>\#[^\r\n]*)
   | (?P<pname>%[A-Za-z0-9_.]+)
   | (?P<fname>@[A-Za-z0-9_.]+)
   | (?P<arrow>->)
