@@ -137,6 +137,15 @@ def test_deep_nesting_is_a_parse_error():
         parse("rule deep: " + "neg(" * 2000 + "?x" + ")" * 2000 + " => ?x")
 
 
+@pytest.mark.parametrize("newline", ["\r", "\r\n"])
+def test_a_lone_cr_ends_a_rule_line(newline):
+    """A comment ended only at LF, so with CR line ends it swallowed every rule after it."""
+    text = "# mine\nrule swap: add(?x, ?y) => add(?y, ?x)\nrule swap2: mul(?x, ?y) => mul(?y, ?x)\n"
+    assert [r.name for r in parse(text.replace("\n", newline)).rules] == ["swap", "swap2"]
+    with pytest.raises(eqsat.ParseError, match="line 3, col 17:"):
+        parse(text.replace("mul(?x", "mul(x").replace("\n", newline))
+
+
 def test_every_default_rule_prints_as_text_that_parses_back_to_it():
     rules = eqsat.rules.default()
     again = parse(str(rules))

@@ -15,7 +15,7 @@ from .lang import (COND_FNS, Arith, Cond, Fn, Node, Num, Pattern, Pos, Rule, Sha
                    shape_fn_problem)
 
 _TOKEN = re.compile(r"""
-    (?P<ws>[ \t\r\f\v]+) | (?P<nl>\n) | (?P<comment>\#[^\n]*)
+    (?P<ws>[ \t\f\v]+) | (?P<nl>\r\n?|\n) | (?P<comment>\#[^\r\n]*)
   | (?P<var>\?[A-Za-z_][A-Za-z0-9_]*) | (?P<arg>\$\d+)
   | (?P<number>(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|inf\b|nan\b)
   | (?P<ident>[A-Za-z_][A-Za-z0-9_.]*)
