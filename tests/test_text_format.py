@@ -181,3 +181,19 @@ def test_old_mac_and_windows_line_ends_are_line_ends(newline):
     bad = text.replace("f32[3]\n", "f32[4]\n", 1) + "  return %a\n}\n"
     with pytest.raises(eqsat.VerifyError, match="line 4, col 17:"):
         eqsat.parse(bad.replace("\n", newline).encode())
+
+
+def test_python_built_attributes_read_back_as_printed():
+    """Attributes given out of the table's order, or as numpy scalars, are stored as the parser
+    stores them: a verified module equals its printed text (a np.float64 constant printed as
+    `np.float64(0.5)`, slice's stop before start printed stop first and read back start first)."""
+    t4, t2, scalar = eqsat.f32[4], eqsat.f32[2], eqsat.f32[()]
+    body = (
+        Stmt(("c",), "const", (), (("value", np.float64(0.5)),), (t4,)),
+        Stmt(("y",), "add", ("x", "c"), (), (t4,)),
+        Stmt(("s",), "slice", ("y",), {"stop": [3], "start": [np.int64(1)]}, (t2,)),
+        Stmt(("r",), "sum", ("s",), (("axes", (np.int32(0),)),), (scalar,)),
+    )
+    m = eqsat.verify(Module(Function("f", (Param("x", t4),), (scalar,), body, ("r",))))
+    assert eqsat.parse(str(m)) == m and str(eqsat.parse(str(m))) == str(m)
+    assert m["f"].body[2].attrs == (("start", (1,)), ("stop", (3,)))

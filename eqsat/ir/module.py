@@ -11,7 +11,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import numpy as np
+
 from ..errors import Error, UnknownFunction
+from .ops import OPS
 from .types import TensorType
 
 GRAD_KINDS = ("grad", "value_and_grad", "vjp")
@@ -63,15 +66,42 @@ _NEG_ZERO = _NegativeZero(-0.0)
 
 def _canonical(value: Any) -> Any:
     """One object for NaN, so statements holding `const nan` compare equal, and one for -0.0,
-    which then differs from 0.0."""
+    which then differs from 0.0; numpy scalars as the Python values the parser reads (a
+    np.float64 printed as `np.float64(0.5)`), lists as tuples."""
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, float):
         if math.isnan(value):
             return _NAN
         if value == 0.0 and math.copysign(1.0, value) < 0:
             return _NEG_ZERO
-    if isinstance(value, list):
-        return tuple(value)
+    if isinstance(value, (list, tuple)):
+        if all(type(v) is int for v in value):  # the common case: an int list as the parser reads
+            return tuple(value)
+        return tuple(_canonical(v) for v in value)
     return value
+
+
+def _in_table_order(op: Any, attrs: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """The attributes in the order of the op's table entry, as the parser stores and the printer
+    writes them (so `slice` with stop before start equals its own printed text); unknown keys
+    last, for the verifier to name."""
+    if len(attrs) < 2:
+        return attrs
+    names = _ATTR_NAMES.get(op) if isinstance(op, str) else None
+    if names is None:
+        opdef = OPS.get(op) if isinstance(op, str) else None
+        if opdef is None:
+            return attrs
+        names = _ATTR_NAMES[op] = tuple(k for k, _ in opdef.attrs)
+    if tuple(k for k, _ in attrs) == names:
+        return attrs
+    return tuple(sorted(attrs, key=lambda kv: names.index(kv[0]) if kv[0] in names
+                        else len(names)))
+
+
+# op name -> its attribute names in table order (an op's entry never changes once registered)
+_ATTR_NAMES: dict[str, tuple[str, ...]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +120,8 @@ class Stmt:
         object.__setattr__(self, "operands", tuple(self.operands))
         object.__setattr__(self, "types", tuple(self.types))
         attrs = self.attrs.items() if isinstance(self.attrs, dict) else self.attrs
-        object.__setattr__(self, "attrs", tuple((k, _canonical(v)) for k, v in attrs))
+        attrs = tuple((k, _canonical(v)) for k, v in attrs)
+        object.__setattr__(self, "attrs", _in_table_order(self.op, attrs))
 
     @property
     def attr(self) -> dict[str, Any]:
