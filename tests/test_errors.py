@@ -102,6 +102,9 @@ CASES = [
      + "func @g = value_and_grad @f wrt %x, %x\n", VerifyError, 6, 37, "listed twice"),
     ("grad-recursion", "module @m\nfunc @g = grad @h wrt %x\nfunc @h = grad @g wrt %x\n", VerifyError, 3, 16,
      "recursion is not supported"),
+    # a written-type op with two types written said its type was not written
+    ("written-type-twice", fn("  %a = reshape %x : f32[2,2], f32[4]\n  return %x"), VerifyError, 3, 21,
+     "reshape gives 1 result(s) but 2 type(s) are written"),
 ]
 
 

@@ -364,7 +364,7 @@ class _Checker:
             raise self.fail(f"{s.op} needs at least one operand", loc)
         if op.arity is not None and len(ins) != op.arity:
             raise self.fail(f"{s.op} takes {op.arity} operand(s), got {len(ins)}", loc)
-        written = s.types[0] if op.written_type and len(s.types) == 1 else None
+        written = s.types[0] if op.written_type and s.types else None
         try:
             return op.infer(ins, s.attr, written)
         except OpTypeError as e:
