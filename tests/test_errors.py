@@ -207,6 +207,31 @@ def test_python_built_module_names_must_be_printable():
     assert eqsat.parse(str(good)) == good
 
 
+def test_python_built_malformed_attributes_print_and_are_named():
+    # str(m) of a module built in Python with a non-list int-list attribute (or an unknown key
+    # holding a scalar, printed as an int list) or a name that is not a str raised TypeError:
+    # printing must not fail on what the verifier exists to name
+    from eqsat import f32
+    from eqsat.ir import Function, GradDecl, Module, Param, Stmt
+
+    for op, attrs, named in [("sum", (("axes", 3),), "malformed value 3"),
+                             ("exp", (("foo", 3),), "no attribute 'foo'"),
+                             ("transpose", (("perm", None),), "malformed value None")]:
+        m = Module(Function("f", (Param("x", f32[3]),), (f32[3],),
+                            (Stmt(("y",), op, ("x",), attrs, (f32[3],)),), ("y",)))
+        assert f"%y = {op} %x, " in str(m)
+        with pytest.raises(eqsat.VerifyError, match=named):
+            eqsat.verify(m)
+    # an int name printed as %1 and a wrt of 0 as %0: the text reads back as another module,
+    # whose first error (no parameter %0) is not this one's
+    m = Module(Function("h", (Param("x", f32[3]),), (f32[3],),
+                        (Stmt((1,), "neg", ("x",), (), (f32[3],)),), (1,)),
+               GradDecl("g", "vjp", "h", (0,)))
+    assert "%1 = neg %x" in str(m) and "wrt %0" in str(m)
+    with pytest.raises(eqsat.VerifyError, match="the value 1 is not a valid name"):
+        eqsat.verify(m)
+
+
 @pytest.mark.parametrize("text, at", [
     ("func @f(%x: f32[4]) -> f32[4] {\n  %a = add %x,\n        %q : f32[4]\n  return %a\n}", (3, 9)),
     ("func @f(%x: f32[4]) -> f32[] {\n  %a = sum %x,\n     axes=[3] : f32[]\n  return %a\n}", (3, 6)),

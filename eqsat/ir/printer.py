@@ -23,6 +23,8 @@ def format_literal(value: Any) -> str:
 
 def format_attr(kind: str, value: Any) -> str:
     if kind == INTS:
+        if not isinstance(value, (tuple, list)):
+            return repr(value)  # malformed, built in Python: printed for the verifier to name
         return "[" + ",".join(str(v) for v in value) + "]"
     if kind in (INT, LITERAL):
         return format_literal(value)
@@ -41,11 +43,11 @@ def format_types(types: tuple[TensorType, ...]) -> str:
 
 
 def format_stmt(s: Stmt) -> str:
-    lhs = ", ".join("%" + r for r in s.results)
+    lhs = ", ".join(f"%{r}" for r in s.results)
     op = OPS.get(s.op)
     kinds = dict(op.attrs) if op else {}
     attrs = dict(s.attrs)
-    operands = ["%" + o for o in s.operands]
+    operands = [f"%{o}" for o in s.operands]
     if s.op == "call":
         rhs = f"call @{attrs.get('callee', '?')}({', '.join(operands)})"
     elif s.op == "const":
@@ -66,13 +68,13 @@ def format_signature(f: Function) -> str:
 def format_function(f: Function) -> list[str]:
     lines = [format_signature(f) + " {"]
     lines += ["  " + format_stmt(s) for s in f.body]
-    lines.append("  return " + ", ".join("%" + r for r in f.returns))
+    lines.append("  return " + ", ".join(f"%{r}" for r in f.returns))
     lines.append("}")
     return lines
 
 
 def format_grad_decl(g: GradDecl) -> str:
-    return f"func @{g.name} = {g.kind} @{g.of} wrt " + ", ".join("%" + w for w in g.wrt)
+    return f"func @{g.name} = {g.kind} @{g.of} wrt " + ", ".join(f"%{w}" for w in g.wrt)
 
 
 def print_module(m: Module) -> str:

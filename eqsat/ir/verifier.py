@@ -97,6 +97,8 @@ def _relocate(module: Module, original: VerifyError) -> VerifyError:
         located = parse_module(text, source="<printed module>")
         _Checker(located).run()
     except VerifyError as e:
+        if not e.message.startswith(original.message):  # read back as another module (%1 for 1)
+            return original
         return VerifyError(e.message, e.line, e.col, "<printed module>")
     except ParseError:  # a malformed attribute value prints as text that cannot be read back
         return original
