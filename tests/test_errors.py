@@ -199,6 +199,9 @@ def test_python_built_module_names_must_be_printable():
                         (Stmt((1,), "neg", ("x",), (), (f32[3],)),), (1,))),
         Module(Function("k", (Param("x", eqsat.TensorType("f32", (3,))),),
                         (eqsat.TensorType("f32", (3,)),), (), ("x",))),
+        # parts of the wrong class were AttributeErrors ('str' object has no attribute 'name')
+        Module(Function("p", ("x",), (f32[3],), (), ("x",))),
+        Module(Function("q", (Param("x", f32[3]),), (f32[3],), ("%y = neg %x",), ("x",))),
     ]
     for m in bad:
         with pytest.raises(eqsat.VerifyError):

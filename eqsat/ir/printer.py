@@ -54,7 +54,7 @@ def format_stmt(s: Stmt) -> str:
         rhs = f"const {format_literal(attrs.get('value'))}"
     else:
         parts = operands + [f"{k}={format_attr(kinds.get(k, INTS), v)}" for k, v in s.attrs]
-        rhs = s.op + (" " + ", ".join(parts) if parts else "")
+        rhs = f"{s.op}" + (" " + ", ".join(parts) if parts else "")
     return f"{lhs} = {rhs} : {format_types(s.types)}"
 
 

@@ -150,6 +150,12 @@ class _Checker:
                 for w in item.wrt:
                     self.check_name(w, "the parameter", item.loc)
                 continue
+            for what, parts, kind in (("parameters", item.params, Param),
+                                      ("statements", item.body, Stmt)):
+                for part in parts:
+                    if not isinstance(part, kind):
+                        raise self.fail(f"the {what} of @{item.name} are {kind.__name__}s, not "
+                                        f"{type(part).__name__}", item.loc)
             for p in item.params:
                 self.check_name(p.name, "the parameter", p.loc)
             for st in item.body:
