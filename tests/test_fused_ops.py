@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import eqsat
+from eqsat.extract import optimize_with_report
 from eqsat.ir import Function, Module, Param, Stmt
 from eqsat.ir.fused import unfuse, unfuse_function, unfuse_module
 from eqsat.ir.ops import CORE_OPS, ELEMENTWISE, OPS, OpTypeError, ops_in, ops_with
@@ -132,6 +133,32 @@ def test_literals_compare_by_their_text():
         Arg(-1)
 
 
+def test_an_integer_literal_in_a_float_body_is_that_float():
+    # `add($0, 1)` on f32 was refused (while `const 1 : f32[]` is 1.0), and a user rule
+    # writing such a body loaded but never fired on a float program
+    m = eqsat.parse("""module @m
+func @f(%x: f32[4]) -> f32[4] {
+  %y = map %x, body=add(mul($0, 2), 1) : f32[4]
+  return %y
+}""")
+    assert eqsat.parse(str(m)) == m
+    unfused = unfuse_module(m)
+    assert [s.attr["value"] for s in unfused["f"].body if s.op == "const"] == [2.0, 1.0]
+    assert eqsat.parse(str(unfused)) == unfused
+    x = np.array([0.0, 1.5, -2.0, 3.0], np.float32)
+    np.testing.assert_array_equal(eqsat.interpret(m, "f", x), x * 2 + 1)
+    np.testing.assert_array_equal(eqsat.compile(m, optimize=False).f(x), x * 2 + 1)
+    doubling = eqsat.rules.parse("rule dbl: add(?x, ?x) => map(?x, body=mul($0, 2), like=?x)")
+    plain = eqsat.parse("""module @m
+func @f(%x: f32[4], %y: f32[4]) -> f32[4] {
+  %a = add %x, %x : f32[4]
+  %b = mul %a, %y : f32[4]
+  return %b
+}""")
+    _, report = optimize_with_report(plain, eqsat.rules.default() + doubling)
+    assert report.fired["dbl"] >= 1
+
+
 def test_body_nesting_limit():
     ok = "neg(" * (MAX_DEPTH - 1) + "$0" + ")" * (MAX_DEPTH - 1)
     assert format_body(parse_body(ok)) == ok
@@ -182,7 +209,8 @@ BAD = [
     ("%y = map %c, body=exp($0) : f32[4]", eqsat.VerifyError, "body", "float operand"),
     ("%y = map %x, body=gt($0, 0.0) : f32[4]", eqsat.VerifyError, "body",
      "computes bool, but the result type says f32"),
-    ("%y = map %x, body=add($0, 1) : f32[4]", eqsat.VerifyError, "body", "needs a float literal"),
+    ("%y = map %i, body=add($0, 3000000000) : i32[4]", eqsat.VerifyError, "body",
+     "does not fit in i32"),
     ("%y = map %i, body=add($0, 1.5) : i32[4]", eqsat.VerifyError, "body", "integer literal"),
     ("%y = map %x, body=select(gt(1.0, 2.0), $0, $0) : f32[4]", eqsat.VerifyError, "body",
      "nothing fixes the dtype"),

@@ -25,7 +25,7 @@ from .ops import (INT, INTS, OPS, Attrs, OpDef, OpTypeError, _axes, _written, br
 from .parser import ATTR_PARSERS
 from .printer import ATTR_FORMATTERS
 from .scalar_expr import (App, Arg, Lit, body_args, body_cost, check_body, eval_body, fold,
-                          format_body, read_body)
+                          format_body, lit_value, read_body)
 from .types import DType, TensorType, shape_problem
 
 # Attribute kinds of this module: a scalar body, and the name of a reduction op.
@@ -271,7 +271,7 @@ class _Emitter:
         args = [self.broadcast(v, shape) if i in used else v for i, v in enumerate(inputs)]
 
         def lit(node: Any, d: DType) -> Value:
-            return self.emit("const", (), (("value", node.value),), TensorType(d, shape))
+            return self.emit("const", (), (("value", lit_value(node, d)),), TensorType(d, shape))
 
         def app(node: Any, values: list[Value]) -> Value:
             t = OPS[node.op].infer([v[1] for v in values], {}, None)

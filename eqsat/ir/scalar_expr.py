@@ -334,9 +334,22 @@ def _type_app(what: str) -> Callable[[App, list[DType]], DType]:
     return app
 
 
+def lit_value(node: Lit, dtype: DType) -> Any:
+    """The value literal `node` stands for as a `dtype`: an integer literal where a float is
+    expected means that float (`add($0, 1)` on f32 adds 1.0, as `const 1 : f32[]` is 1.0);
+    one too large for a float stays an int, for literal_fits to refuse."""
+    v = node.value
+    if dtype.is_float and type(v) is int:
+        try:
+            return float(v)
+        except OverflowError:
+            return v
+    return v
+
+
 def _type_lit(what: str) -> Callable[[Lit, DType], DType]:
     def lit(node: Lit, dtype: DType) -> DType:
-        problem = literal_fits(node.value, dtype)
+        problem = literal_fits(lit_value(node, dtype), dtype)
         if problem:
             raise OpTypeError(f"{what}: constant {node.text} stands where a {dtype} is "
                               f"expected: {problem}", attr="body")
@@ -372,7 +385,7 @@ def eval_body(e: Expr, arrays: Sequence[np.ndarray], dtype: DType | None = None,
                   for i, a in enumerate(arrays)]
 
     def lit(node: Lit, d: DType) -> np.ndarray:
-        return np.full(() if shape is None else shape, node.value, dtype=d.np)
+        return np.full(() if shape is None else shape, lit_value(node, d), dtype=d.np)
 
     def app(node: App, values: list[np.ndarray]) -> np.ndarray:
         op = OPS[node.op]
