@@ -232,6 +232,11 @@ class _Parser:
         tok = self.next()
         if len(tok.text) > _MAX_NUMBER_LEN:
             raise self.error(f"number with {len(tok.text)} characters is too long", tok)
+        after = self.tok
+        if after.kind == "ident" and (after.line, after.col) == (tok.line,
+                                                                 tok.col + len(tok.text)):
+            raise self.error(f"malformed number {tok.text + after.text!r}: numbers are "
+                             f"decimal (16, 0.5, 1e-3), with no suffix", tok)
         if re.fullmatch(r"[-+]?\d+", tok.text):
             return int(tok.text)
         return float(tok.text)
