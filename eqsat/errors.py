@@ -34,6 +34,11 @@ class TraceError(Error):
     """A shape or type error while tracing a Python function; names the user's source line."""
 
 
+class TracedAttributeError(TraceError, AttributeError):
+    """An ndarray attribute a traced value does not have (`x.flatten()`); also an
+    AttributeError, so `hasattr(x, "flatten")` and numpy's own probing of it work."""
+
+
 class InterpretError(Error):
     """Inputs that do not fit the function, or a computation numpy cannot carry out."""
 

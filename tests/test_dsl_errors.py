@@ -237,3 +237,50 @@ def test_operators_without_an_op_are_trace_errors(body):
 
     with pytest.raises(TraceError, match="not supported|cannot be traced"):
         function(g)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (lambda x: x.flatten(), "has no .flatten, which numpy's ndarray has; use x.reshape(-1)"),
+    (lambda x: x.dot(x), "has no .dot"), (lambda x: x.prod(), "has no .prod"),
+    (lambda x: np.sum(x, where=x > 0), "sum(where=...) cannot be traced"),
+    (lambda x: np.max(x, initial=0.0), "max(initial=...) cannot be traced"),
+    (lambda x: x.reshape((3,), order="F"), "reshape(order=...) cannot be traced"),
+    (lambda x: f"{x:.3f}", "no Python value to format"),
+])
+def test_ndarray_methods_and_keywords_without_a_trace_are_trace_errors(body, fragment):
+    """numpy's ndarray methods and keywords eqsat lacks raised AttributeError or TypeError; they
+    name the user's line now (a missing method is also an AttributeError, for hasattr)."""
+    def g(x: f32[3]):
+        return body(x)
+
+    with pytest.raises(TraceError, match=r"test_dsl_errors.py:\d+: ") as err:
+        function(g)
+    assert fragment in str(err.value)
+
+
+def test_writing_into_a_traced_value_is_a_trace_error():
+    def assign(x: f32[3]):
+        x[0] = 1.0  # item assignment
+        return x
+
+    def reshape_in_place(x: f32[3]):
+        x.shape = (3, 1)  # shape assignment
+        return x
+
+    for fn, marker in [(assign, "item assignment"), (reshape_in_place, "shape assignment")]:
+        with pytest.raises(TraceError) as err:
+            function(fn)
+        assert_located(err, marker, "cannot be changed in place")
+
+
+def test_traced_values_answer_hasattr_and_copy_and_known_numpy_keywords():
+    import copy
+
+    @function
+    def f(x: f32[2, 3]):
+        assert not hasattr(x, "flatten") and getattr(x, "ravel", None) is None
+        y = copy.deepcopy(x).reshape((3, 2), order="C").astype(np.float32, copy=False)
+        return y.sum(axis=0, initial=None) + np.mean(x, axis=1)
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_allclose(f(x), x.reshape(3, 2).sum(axis=0) + x.mean(axis=1))

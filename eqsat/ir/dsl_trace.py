@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TraceError
+from ..errors import TraceError, TracedAttributeError
 from .module import Stmt
 from .ops import COMPARE, OPS, OpTypeError
 from .types import DType, TensorType, shape_problem
@@ -44,21 +44,28 @@ def user_location() -> tuple[str, int] | None:
     return None
 
 
-def trace_error(message: str) -> TraceError:
+def trace_error(message: str, kind: type[TraceError] = TraceError) -> TraceError:
     """A TraceError prefixed with `file:line:` of the user's code; also kept as attributes."""
     where = user_location()
-    err = TraceError(f"{where[0]}:{where[1]}: {message}" if where else message)
+    err = kind(f"{where[0]}:{where[1]}: {message}" if where else message)
     err.filename, err.lineno = where if where else (None, 0)
     return err
 
 
-def _numpy_defaults(name: str, dtype: Any, out: Any) -> None:
-    """numpy's reductions pass `dtype` and `out`; a trace has no arrays to write to, and takes
-    the operand's dtype (use .astype first)."""
-    if out is not None:
-        raise trace_error(f"{name}(out=...) cannot be traced: the result is a new value")
-    if dtype is not None:
-        raise trace_error(f"{name}(dtype=...) cannot be traced: cast with .astype() first")
+# numpy's keywords a traced method accepts only at their defaults, and what to write instead
+_NUMPY_KEYWORDS = {
+    "out": "the result is a new value", "dtype": "cast with .astype() first",
+    "initial": "combine the result with eqsat.maximum, eqsat.minimum or + instead",
+    "where": "mask the operand with eqsat.where first", "order": "traced values are row-major",
+}
+
+
+def _numpy_defaults(name: str, **given: Any) -> None:
+    """numpy's functions pass these keywords on (np.sum(x, where=m) calls x.sum(where=m)); a
+    trace has no arrays to write to, takes the operand's dtype and has only row-major order."""
+    for key, value in given.items():
+        if value is not None and not (key == "order" and value == "C"):
+            raise trace_error(f"{name}({key}=...) cannot be traced: {_NUMPY_KEYWORDS[key]}")
 
 
 # ---------------------------------------------------------------- traces
@@ -291,9 +298,9 @@ class Tracer:
     __hash__ = object.__hash__  # == builds an `eq` statement, so hash by identity
 
     def __init__(self, trace: Trace, name: str, type: TensorType):
-        self.trace = trace
-        self.name = name
-        self.type = type
+        object.__setattr__(self, "trace", trace)
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "type", type)
 
     shape = property(lambda self: self.type.shape, doc="The static shape, a tuple of ints.")
     dtype = property(lambda self: self.type.dtype, doc="The element type, an eqsat DType.")
@@ -307,35 +314,68 @@ class Tracer:
     def __getitem__(self, key: Any) -> Tracer:
         return _array().getitem(self, key)
 
+    def __getattr__(self, name: str) -> Any:
+        # only reached for names the class lacks: numpy's ndarray methods (x.flatten()); a
+        # protocol probe (numpy's __array_interface__) gets the plain AttributeError it expects
+        if name.startswith("__") or name in Tracer.__slots__:
+            raise AttributeError(name)
+        hint = _NDARRAY_HINTS.get(name, "use eqsat's functions (eqsat.exp, eqsat.where, ...)")
+        raise trace_error(f"%{self.name} ({self.type}) has no .{name}, which numpy's ndarray "
+                          f"has; {hint}", TracedAttributeError)
+
+    def _immutable(self, *_: Any) -> None:
+        raise trace_error(f"%{self.name} ({self.type}) cannot be changed in place: traced values "
+                          f"are immutable; build a new value (x = x.reshape(...), "
+                          f"eqsat.where(mask, new, x), eqsat.concatenate)")
+
+    __setattr__ = __setitem__ = __delitem__ = __delattr__ = _immutable
+
+    def __format__(self, spec: str) -> str:
+        if spec:
+            raise trace_error(f"%{self.name} ({self.type}) has no Python value to format with "
+                              f"{spec!r} while tracing")
+        return repr(self)
+
+    def __copy__(self) -> Tracer:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Tracer:
+        return self
+
     def __pos__(self) -> Tracer:
         return self
 
-    # `dtype` and `out` are numpy's (np.sum(x) calls x.sum(axis=, dtype=, out=)), keywords here
-    # so that x.sum(0, True) keeps meaning keepdims: only their defaults can be traced.
+    # `dtype`, `out`, `initial` and `where` are numpy's (np.sum(x) calls x.sum(axis=, dtype=,
+    # out=)), keywords here so that x.sum(0, True) keeps meaning keepdims: only their defaults
+    # can be traced.
     def sum(self, axis: Any = None, keepdims: bool = False, *, dtype: Any = None,
-            out: Any = None) -> Tracer:
+            out: Any = None, initial: Any = None, where: Any = None) -> Tracer:
         """The sum over `axis` (None: all axes)."""
-        _numpy_defaults("sum", dtype, out)
+        _numpy_defaults("sum", dtype=dtype, out=out, initial=initial, where=where)
         return _array().reduce("sum", self, axis, keepdims)
 
-    def max(self, axis: Any = None, keepdims: bool = False, *, out: Any = None) -> Tracer:
+    def max(self, axis: Any = None, keepdims: bool = False, *, out: Any = None,
+            initial: Any = None, where: Any = None) -> Tracer:
         """The maximum over `axis` (None: all axes)."""
-        _numpy_defaults("max", None, out)
+        _numpy_defaults("max", out=out, initial=initial, where=where)
         return _array().reduce("max", self, axis, keepdims)
 
-    def min(self, axis: Any = None, keepdims: bool = False, *, out: Any = None) -> Tracer:
+    def min(self, axis: Any = None, keepdims: bool = False, *, out: Any = None,
+            initial: Any = None, where: Any = None) -> Tracer:
         """The minimum over `axis` (None: all axes)."""
-        _numpy_defaults("min", None, out)
+        _numpy_defaults("min", out=out, initial=initial, where=where)
         return _array().reduce("min", self, axis, keepdims)
 
     def mean(self, axis: Any = None, keepdims: bool = False, *, dtype: Any = None,
-             out: Any = None) -> Tracer:
+             out: Any = None, where: Any = None) -> Tracer:
         """The mean over `axis` (None: all axes)."""
-        _numpy_defaults("mean", dtype, out)
+        _numpy_defaults("mean", dtype=dtype, out=out, where=where)
         return _array().mean(self, axis, keepdims)
 
-    def reshape(self, *shape: Any) -> Tracer:
-        """`x.reshape(2, 3)` or `x.reshape((2, 3))`; one dimension may be -1."""
+    def reshape(self, *shape: Any, order: str = "C", copy: Any = None) -> Tracer:
+        """`x.reshape(2, 3)` or `x.reshape((2, 3))`; one dimension may be -1 (`copy` is moot:
+        traced values are never written)."""
+        _numpy_defaults("reshape", order=order)
         return _array().reshape(self, shape[0] if len(shape) == 1 else shape)
 
     def transpose(self, *axes: Any) -> Tracer:
@@ -346,8 +386,8 @@ class Tracer:
             axes = ()
         return _array().transpose(self, axes or None)
 
-    def astype(self, dtype: Any) -> Tracer:
-        """The same values converted to `dtype` (a `cast`)."""
+    def astype(self, dtype: Any, *, copy: bool = True) -> Tracer:
+        """The same values converted to `dtype` (a `cast`; `copy` is moot, as for reshape)."""
         return _array().cast(self, dtype)
 
     def __len__(self) -> int:
@@ -378,6 +418,16 @@ class Tracer:
             raise trace_error(f"numpy's {ufunc.__name__} ({method}) cannot run on traced "
                               f"values; use eqsat's functions (eqsat.exp, eqsat.maximum, ...)")
         return handler(*inputs)
+
+
+# what to write instead of ndarray attributes a numpy user reaches for first
+_NDARRAY_HINTS = {
+    "flatten": "use x.reshape(-1)", "ravel": "use x.reshape(-1)", "squeeze": "use x.reshape(...)",
+    "dot": "use x @ y", "copy": "use x itself (traced values are never written)",
+    "clip": "use eqsat.minimum(eqsat.maximum(x, lo), hi)", "swapaxes": "use x.transpose(...)",
+    "mT": "use x.transpose(...)", "item": "a traced value has no Python value while tracing",
+    "tolist": "a traced value has no Python value while tracing",
+}
 
 
 def _array() -> Any:
