@@ -284,3 +284,17 @@ def test_traced_values_answer_hasattr_and_copy_and_known_numpy_keywords():
 
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_allclose(f(x), x.reshape(3, 2).sum(axis=0) + x.mean(axis=1))
+
+
+@pytest.mark.parametrize("name", ["softmax", "logsumexp", "layer_norm", "gelu"])
+def test_composites_on_integer_tensors_name_themselves(name):
+    """logsumexp of an i32 tensor failed inside its formula ('lt: cannot combine i32[1] with
+    the float inf'), softmax at an exp the user never wrote."""
+    composite = getattr(dsl, name)
+
+    def g(x: i32[3]):
+        return composite(x)
+
+    with pytest.raises(TraceError, match=rf"test_dsl_errors.py:\d+: {name}: needs a float "
+                                         rf"tensor, got i32\[3\]"):
+        function(g)

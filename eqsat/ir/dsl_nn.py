@@ -13,10 +13,20 @@ from . import dsl_array
 from .dsl_trace import Tracer, as_tracer, trace_error, unary
 
 
+def float_operand(x: Any, what: str) -> Tracer:
+    """`x`, checked to be a traced float value: on an integer tensor the composites would fail
+    inside their formula, on an op the user never wrote."""
+    x = as_tracer(x, what)
+    if not x.dtype.is_float:
+        raise trace_error(f"{what}: needs a float tensor, got {x.type}; convert with "
+                          f".astype(eqsat.f32) first")
+    return x
+
+
 def softmax(x: Tracer, axis: Any = -1) -> Tracer:
     """`exp(x) / sum(exp(x))` over `axis`, with the maximum subtracted first so exp cannot
     overflow (scipy.special.softmax's formula)."""
-    x = as_tracer(x, "softmax")
+    x = float_operand(x, "softmax")
     e = unary("exp", x - dsl_array.reduce("max", x, axis, keepdims=True))
     return e / dsl_array.reduce("sum", e, axis, keepdims=True)
 
@@ -25,7 +35,7 @@ def logsumexp(x: Tracer, axis: Any = -1, keepdims: bool = False) -> Tracer:
     """`log(sum(exp(x)))` over `axis`, computed stably as `m + log(sum(exp(x - m)))` with `m`
     the maximum; as scipy.special.logsumexp, an infinite maximum is replaced by 0 so rows of
     -inf give -inf rather than nan."""
-    x = as_tracer(x, "logsumexp")
+    x = float_operand(x, "logsumexp")
     m = dsl_array.reduce("max", x, axis, keepdims=True)
     m = dsl_array.where(unary("abs", m) < math.inf, m, 0.0)
     s = dsl_array.reduce("sum", unary("exp", x - m), axis, keepdims=True)
@@ -40,7 +50,7 @@ def layer_norm(x: Tracer, axis: Any = -1, eps: float = 1e-5, gamma: Tracer | Non
                beta: Tracer | None = None) -> Tracer:
     """`(x - mean) / sqrt(var + eps)` over `axis` (biased variance, as in PyTorch), then scaled
     by `gamma` and shifted by `beta` when given (both broadcast against x)."""
-    x = as_tracer(x, "layer_norm")
+    x = float_operand(x, "layer_norm")
     d = x - dsl_array.mean(x, axis, keepdims=True)
     var = dsl_array.mean(d * d, axis, keepdims=True)
     y = d * unary("rsqrt", var + eps)
@@ -57,9 +67,7 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 def gelu(x: Tracer) -> Tracer:
     """GELU by its tanh approximation (Hendrycks and Gimpel; as PyTorch's approximate="tanh"):
     `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`; not the exact erf form."""
-    x = as_tracer(x, "gelu")
-    if not x.dtype.is_float:
-        raise trace_error(f"gelu: needs a float tensor, got {x.type}")
+    x = float_operand(x, "gelu")
     inner = _GELU_C * (x + 0.044715 * (x * x * x))
     return 0.5 * x * (1.0 + unary("tanh", inner))
 
