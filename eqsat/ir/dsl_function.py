@@ -228,10 +228,40 @@ def _results(out: Any, trace: Any, name: str, note: Any) -> tuple[Tracer, ...]:
 _WRAPPER_ATTRS = ("__module__", "__name__", "__qualname__", "__doc__")
 
 
+def _retarget(item: Item, renamed: dict[str, str]) -> Item:
+    """`item` with its calls (or its declaration's target) following `renamed`."""
+    if not renamed:
+        return item
+    if isinstance(item, GradDecl):
+        return dataclasses.replace(item, of=renamed.get(item.of, item.of))
+    body = tuple(dataclasses.replace(s, attrs=tuple(
+        (k, renamed.get(v, v) if k == "callee" else v) for k, v in s.attrs))
+        if s.op == "call" else s for s in item.body)
+    return dataclasses.replace(item, body=body)
+
+
+def _adopt(items: tuple[Item, ...]) -> tuple[Item, ...]:
+    """Items made in another process (callees first) under names unique in this one, as if
+    traced here: each keeps its name unless a different item holds it (then `name_2`, ...),
+    and the calls of the items after it follow."""
+    renamed: dict[str, str] = {}
+    out = []
+    for item in items:
+        held = _unique(_retarget(item, renamed))
+        if held.name != item.name:
+            renamed[item.name] = held.name
+        out.append(held)
+    return tuple(out)
+
+
 def _restore(ir: Function | GradDecl, items: tuple[Item, ...],
              attrs: dict[str, Any]) -> TracedFunction:
-    """A TracedFunction back from pickle (see TracedFunction.__reduce__)."""
-    out = TracedFunction(ir, items)
+    """A TracedFunction back from pickle (see TracedFunction.__reduce__). Its names join this
+    process's, so a different function traced here later under one of them gets `name_2`
+    instead of clashing with it in a module."""
+    adopted = _adopt(items)
+    by_old_name = dict(zip((it.name for it in items), adopted))
+    out = TracedFunction(by_old_name[ir.name], adopted)
     for k, v in attrs.items():
         setattr(out, k, v)
     return out
