@@ -425,6 +425,27 @@ def test_from_ir_wraps_generated_functions_and_declarations():
         TracedFunction.from_ir("not ir")
 
 
+def test_from_ir_renames_a_dependency_whose_name_a_traced_function_holds():
+    """A plain Function passed as a dependency kept its name although a different traced
+    function held it, and a function calling both failed with 'two different functions'."""
+    @function
+    def from_ir_dep(x: f32[3]):
+        return x * 2.0
+
+    m = parse("func @from_ir_dep(%x: f32[3]) -> f32[3] {\n  %0 = const 5.0 : f32[3]\n"
+              "  %1 = mul %x, %0 : f32[3]\n  return %1\n}\n"
+              "func @from_ir_user(%x: f32[3]) -> f32[3] {\n"
+              "  %0 = call @from_ir_dep(%x) : f32[3]\n  return %0\n}\n")
+    user = TracedFunction.from_ir(m["from_ir_user"], [m["from_ir_dep"]])
+
+    @function
+    def both(x: f32[3]):
+        return user(x) + from_ir_dep(x)
+
+    assert len({it.name for it in Module(both)}) == 4
+    close(both(np.ones(3, np.float32)), np.full(3, 7.0, np.float32))
+
+
 def test_eager_calls_go_through_the_runner_hook(monkeypatch):
     seen = []
     monkeypatch.setattr(TracedFunction, "runner",

@@ -93,14 +93,14 @@ class TracedFunction:
         """Wrap an IR function (or gradient declaration) and the items it refers to.
 
         `items` may hold Functions, GradDecls and TracedFunctions; their callees come along.
-        The name is made unique as for traced functions: read it back from `.name`.
+        Names are made unique as for traced functions (calls follow a renamed item): read the
+        function's back from `.name`.
         """
         if not isinstance(function, (Function, GradDecl)):
             raise Error(f"TracedFunction.from_ir takes a Function or GradDecl, "
                         f"not {type(function).__name__}")
-        deps = _closure(items)
-        ir = _unique(function)
-        out = cls(ir, _closure(deps + (ir,)))
+        adopted = _adopt(_closure(items) + (function,))
+        out = cls(adopted[-1], _closure(adopted))
         out.module  # verify now, so a bad function fails where it is made
         return out
 
