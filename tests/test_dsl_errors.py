@@ -228,6 +228,16 @@ def test_python_int_too_large_for_the_dtype():
             function(fn)
 
 
+def test_python_int_too_large_for_a_float_dtype():
+    """A float tensor with an int past float's range raised the ValueError of str() on an int
+    of 5000 digits, where the i32 case said its size."""
+    def huge(x: f32[3]):
+        return x * 10**5000
+
+    with pytest.raises(TraceError, match="an integer of 16610 bits is too large for f32"):
+        function(huge)
+
+
 @pytest.mark.parametrize("body", [lambda x: x % 2, lambda x: (x > 0) & (x < 1), lambda x: ~(x > 0),
                                   lambda x: round(x), lambda x: pow(x, 2, 3),
                                   lambda x: divmod(x, 2)])

@@ -193,15 +193,19 @@ def literal(value: Any, t: TensorType, what: str) -> Scalar:
                               f"not promote implicitly, convert with .astype(eqsat.f32)")
         value = int(value)
         info = np.iinfo(t.dtype.np)
-        if not info.min <= value <= info.max:  # (str() of a 5000-digit int is a ValueError)
-            bits = value.bit_length()
-            shown = value if bits <= 256 else f"an integer of {bits} bits"
-            raise trace_error(f"{what}: {shown} does not fit in {t.dtype}")
+        if not info.min <= value <= info.max:
+            raise trace_error(f"{what}: {_shown(value)} does not fit in {t.dtype}")
         return value
     try:
         return float(value)
     except OverflowError:
-        raise trace_error(f"{what}: {value} is too large for {t.dtype}") from None
+        raise trace_error(f"{what}: {_shown(value)} is too large for {t.dtype}") from None
+
+
+def _shown(value: int) -> int | str:
+    """A huge Python int as its size: str() of one of 5000 digits is a ValueError."""
+    bits = value.bit_length()
+    return value if bits <= 256 else f"an integer of {bits} bits"
 
 
 def broadcast_shape(what: str, types: Sequence[TensorType]) -> tuple[int, ...]:
