@@ -124,6 +124,7 @@ def test_gradient_name_is_free_in_the_module():
     (lambda: grad(ad_pair), "one float scalar"),
     (lambda: grad(ad_loss, wrt="nope"), "no parameter 'nope'"),
     (lambda: grad(ad_loss, wrt=5), "out of range"),
+    (lambda: grad(ad_loss, wrt=10**5000), "position of 16610 bits is out of range"),
     (lambda: vjp(ad_pair, wrt="n"), "not a float type"),
     (lambda: grad(ad_loss, wrt=["w", "w"]), "listed twice"),
     (lambda: grad(ad_loss, wrt=[]), "wrt is empty"),

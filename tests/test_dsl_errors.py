@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from eqsat.errors import TraceError
+from eqsat.errors import Error, TraceError
 from eqsat.ir import dsl
 from eqsat.ir.dsl import function
 from eqsat.ir.types import DType
@@ -308,3 +308,19 @@ def test_composites_on_integer_tensors_name_themselves(name):
     with pytest.raises(TraceError, match=rf"test_dsl_errors.py:\d+: {name}: needs a float "
                                          rf"tensor, got i32\[3\]"):
         function(g)
+
+
+@pytest.mark.parametrize("body", [lambda x: x[10**5000], lambda x: x.reshape(10**5000),
+                                  lambda x: x.sum(axis=-10**5000),
+                                  lambda x: dsl.softmax(x, 10**5000),
+                                  lambda x: dsl.broadcast_to(x, (10**5000, 3))])
+def test_absurd_python_ints_as_indices_axes_and_dimensions(body):
+    """An int of 5000 digits as an index, axis or dimension raised the ValueError of str() on
+    it while the message was built; slices clip it, as numpy's do."""
+    def g(x: f32[3]):
+        return body(x) + x[10**5000:].sum() + x[-10**5000:]
+
+    with pytest.raises(TraceError, match=r"an integer of 16610 bits is out of range"):
+        function(g)
+    with pytest.raises(Error, match=r"a dimension of 16610 bits is out of range"):
+        DType.f32[10**5000]

@@ -94,8 +94,9 @@ def _wrt_names(kind: str, f: Function, wrt: Wrt) -> tuple[str, ...]:
                               f"not {w!r}")
         if isinstance(w, int):
             if not -len(params) <= w < len(params):
+                shown = w if w.bit_length() <= 64 else f"of {w.bit_length()} bits"
                 raise VerifyError(f"eqsat.{kind}: @{f.name} has {len(params)} parameter(s); "
-                                  f"position {w} is out of range")
+                                  f"position {shown} is out of range")
             w = params[w].name
         if w not in by_name:
             raise VerifyError(f"eqsat.{kind}: @{f.name} has no parameter {w!r} (its parameters: "

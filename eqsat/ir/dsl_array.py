@@ -202,7 +202,7 @@ def getitem(x: Tracer, key: Any) -> Tracer:
                 raise trace_error(f"slice: step {k.step!r} is not supported (only step 1)")
             for part in (k.start, k.stop):
                 if part is not None:
-                    index(part, "slice")
+                    index(part, "slice", clipped=True)
             s, e, _ = k.indices(d)
             start.append(s)
             stop.append(max(s, e))

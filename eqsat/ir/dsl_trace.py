@@ -205,7 +205,7 @@ def literal(value: Any, t: TensorType, what: str) -> Scalar:
 def _shown(value: int) -> int | str:
     """A huge Python int as its size: str() of one of 5000 digits is a ValueError."""
     bits = value.bit_length()
-    return value if bits <= 256 else f"an integer of {bits} bits"
+    return value if bits <= 64 else f"an integer of {bits} bits"
 
 
 def broadcast_shape(what: str, types: Sequence[TensorType]) -> tuple[int, ...]:
@@ -281,12 +281,16 @@ def as_tracer(x: Any, what: str) -> Tracer:
     return x
 
 
-def index(value: Any, what: str) -> int:
-    """An integer argument (axis, dimension, index) as a Python int."""
+def index(value: Any, what: str, clipped: bool = False) -> int:
+    """An integer argument (axis, dimension, index) as a Python int; past 64 bits only where
+    it is `clipped` to its range (a slice bound), as no axis or dimension can use it."""
     try:
-        return operator.index(value)
+        i = operator.index(value)
     except TypeError:
         raise trace_error(f"{what}: expected an integer, got {describe(value)}") from None
+    if not clipped and i.bit_length() > 63:
+        raise trace_error(f"{what}: {_shown(i)} is out of range")
+    return i
 
 
 # ---------------------------------------------------------------- traced values

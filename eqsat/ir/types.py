@@ -61,6 +61,9 @@ class DType(enum.Enum):
                 raise Error(f"{self.value}[...] takes integer dimensions, got {d!r} "
                             f"({type(d).__name__})")
         ints = tuple(int(d) for d in dims)
+        if huge := [d for d in ints if d.bit_length() > 63]:  # str() of 5000 digits raises
+            raise Error(f"{self.value}[...]: a dimension of {huge[0].bit_length()} bits is out "
+                        f"of range")
         problem = shape_problem(ints)
         if problem:
             raise Error(f"{self.value}{list(ints)}: {problem}")
