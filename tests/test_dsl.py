@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import scipy.special
 
+import eqsat
 from eqsat.errors import Error, InterpretError
 from eqsat.ir import Function, GradDecl, Module, interpret, parse, verify
 from eqsat.ir import dsl
@@ -113,6 +114,23 @@ def test_operators_with_tensors_and_scalars(sym):
     want = (op(x, y), op(x, np.float32(1.5)), op(np.float32(2), x), op(y, np.float32(1)))
     for g, w in zip(got, want):
         close(g, w)
+
+
+def test_power_of_one_half_is_numpys_sqrt():
+    # numpy computes x ** 0.5 (a scalar exponent) as sqrt: nan at -inf and -0.0 at -0.0, where
+    # pow gives inf and 0.0; a full array of exponents stays pow
+    @function
+    def f(x: f32[4], y: f32[4]):
+        return x ** 0.5, x ** np.float32(0.5), x ** y
+
+    x = np.array([-np.inf, -0.0, 4.0, 2.0], np.float32)
+    y = np.full(4, 0.5, np.float32)
+    with np.errstate(invalid="ignore"):
+        want = (x ** 0.5, x ** np.float32(0.5), x ** y)
+        for got in (run(f, x, y), eqsat.compile(f)(f.name, x, y)):
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w)
+                np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
 
 
 def test_unary_operators_matmul_and_properties():

@@ -476,6 +476,10 @@ def _pow(self: Tracer, other: Any, modulo: Any = None) -> Tracer:
     if modulo is not None:
         raise trace_error("pow(x, y, mod) with a modulus cannot be traced; eqsat has no "
                           "modulo op")
+    if self.dtype.is_float and isinstance(other, (float, np.floating)) and other == 0.5:
+        # numpy computes an array to a scalar 0.5 as sqrt, whose values differ from pow's at
+        # -inf (nan, not inf) and -0.0 (-0.0, not 0.0)
+        return unary("sqrt", self)
     return binary("pow", self, other)
 
 
