@@ -95,6 +95,18 @@ def test_annotation_errors():
         def f(x: f32[3], y):
             return x
     assert_located(err, "missing-annotation", "parameter 'y' of f has no type annotation")
+    # a default was dropped silently (calls without y then failed: missing argument(s) y)
+    for default in ("annotated", "bare"):
+        with pytest.raises(TraceError) as err:
+            if default == "annotated":
+                @function  # with-default
+                def h(x: f32[3], y: f32[()] = 2.0):
+                    return x * y
+            else:
+                @function  # with-default
+                def h(x: f32[3], eps=1e-5):
+                    return x + eps
+        assert "has a default" in str(err.value) and "constant in the body" in str(err.value)
     with pytest.raises(TraceError, match="annotated 3, not a tensor type"):
         @function
         def g(x: 3):

@@ -185,6 +185,11 @@ def _param_types(fn: Callable[..., Any], name: str) -> tuple[list[Param], list[b
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             raise trace_error(f"{name}: *{p.name} parameters are not supported; every parameter "
                               f"needs its own type, e.g. `x: eqsat.f32[128, 784]`")
+        if p.default is not p.empty:
+            # a default would be silently dropped: every parameter is an input of each call
+            raise trace_error(f"parameter {p.name!r} of {name} has a default ({p.default!r}): "
+                              f"every parameter of a traced function is an input given at each "
+                              f"call; write a fixed value as a constant in the body instead")
         if p.name not in annotations:
             raise trace_error(f"parameter {p.name!r} of {name} has no type annotation; write "
                               f"e.g. `{p.name}: eqsat.f32[128, 784]`")
