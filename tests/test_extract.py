@@ -212,6 +212,29 @@ def test_auto_uses_ilp_on_small_graphs():
     assert ex.method == "ilp" and ex.optimal and ex.cost == 12.0
 
 
+def test_solver_prints_never_reach_stdout(capfd, monkeypatch):
+    """scipy's HiGHS prints a debug line with printf on some problems (a causal attention's
+    loss met one): `eqsat opt in.eqir > out.eqir` wrote it into the program text."""
+    import ctypes
+
+    from eqsat.extract import ilp
+
+    solve = ilp._solve_core
+
+    def chatty(*args):
+        ctypes.CDLL(None).printf(b"HighsMipSolverData::chatter\n")
+        return solve(*args)
+
+    monkeypatch.setattr(ilp, "_solve_core", chatty)
+    print("before")
+    g, costs = graph(SHARED, ["r1", "r2"])
+    assert extract_ilp(g, costs).optimal
+    print("after")
+    out, err = capfd.readouterr()
+    assert out == "before\nafter\n"
+    assert "chatter" in err
+
+
 def test_bad_inputs_are_errors():
     with pytest.raises(eqsat.Error, match="child class 'nope'"):
         EGraph([("a", "neg", {}, ["nope"])])

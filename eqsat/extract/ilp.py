@@ -14,7 +14,13 @@ beat it in time.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -223,10 +229,59 @@ def _highs() -> Any:
         return None
 
 
+_STDOUT_LOCK = threading.RLock()
+
+
+def _flush_c_stdio() -> None:
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
+def _stdout_onto_stderr() -> int | None:
+    """Point file descriptor 1 at stderr; returns a copy of the old one (None: no stdout)."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+        _flush_c_stdio()
+        saved = os.dup(1)
+    except (OSError, ValueError):
+        return None
+    try:
+        os.dup2(2, 1)
+    except OSError:  # no stderr: leave stdout as it is
+        os.close(saved)
+        return None
+    return saved
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """File descriptor 1 points at stderr for the duration. The HiGHS that scipy ships prints
+    a debug line with printf on some problems whatever its output options say, and
+    `eqsat opt in.eqir > out.eqir` wrote it into the program text."""
+    with _STDOUT_LOCK:
+        saved = _stdout_onto_stderr()
+        try:
+            yield
+        finally:
+            if saved is not None:
+                _flush_c_stdio()
+                os.dup2(saved, 1)
+                os.close(saved)
+
+
 def _solve(obj: np.ndarray, rows: _Rows, lb: np.ndarray, ub: np.ndarray,
            integrality: np.ndarray, time_limit: float) -> tuple[np.ndarray | None, bool]:
     """Minimise obj @ x subject to the rows and bounds, the marked variables integer: a
     feasible x (None if none was found in time) and whether it is proven optimal."""
+    with _stdout_to_stderr():
+        return _solve_quietly(obj, rows, lb, ub, integrality, time_limit)
+
+
+def _solve_quietly(obj: np.ndarray, rows: _Rows, lb: np.ndarray, ub: np.ndarray,
+                   integrality: np.ndarray, time_limit: float) -> tuple[np.ndarray | None, bool]:
     n = len(obj)
     start, index, value = rows.columns(n)
     h = _highs()
