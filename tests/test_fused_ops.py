@@ -159,6 +159,23 @@ func @f(%x: f32[4], %y: f32[4]) -> f32[4] {
     assert report.fired["dbl"] >= 1
 
 
+def test_a_body_unpickled_in_another_process_hashes_as_built_there():
+    # App keeps its hash; a pickled one carried its maker's, and a str's hash differs between
+    # processes, so equal bodies missed each other in dicts and sets
+    import pickle
+    import subprocess
+    import sys
+
+    made = subprocess.run([sys.executable, "-c", "import pickle, sys\n"
+                           "from eqsat.ir.scalar_expr import parse_body\n"
+                           "sys.stdout.buffer.write(pickle.dumps(parse_body('tanh(add($0, $1))')))"],
+                          capture_output=True, check=True).stdout
+    here = parse_body("tanh(add($0, $1))")
+    there = pickle.loads(made)
+    assert there == here and hash(there) == hash(here) and there in {here}
+    assert there.reads == frozenset({0, 1})
+
+
 def test_body_nesting_limit():
     ok = "neg(" * (MAX_DEPTH - 1) + "$0" + ")" * (MAX_DEPTH - 1)
     assert format_body(parse_body(ok)) == ok

@@ -68,10 +68,14 @@ class Lit:
 
 @dataclass(frozen=True, slots=True)
 class App:
-    """`op(a, b, ...)`: an elementwise op of the table applied to sub-bodies."""
+    """`op(a, b, ...)`: an elementwise op of the table applied to sub-bodies. The inputs it
+    reads and its hash are computed once: the fusion pass asks for both of every subterm of
+    thousands of bodies, which recomputed them recursively each time."""
 
     op: str
     args: tuple[Expr, ...]
+    reads: frozenset[int] = field(init=False, repr=False, compare=False)
+    _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.op, str):
@@ -80,6 +84,15 @@ class App:
         for a in self.args:
             if not isinstance(a, (Arg, Lit, App)):
                 raise TypeError(f"operands of {self.op}(...) must be Arg, Lit or App, got {a!r}")
+        object.__setattr__(self, "reads", frozenset().union(*map(body_args, self.args)))
+        object.__setattr__(self, "_hash", hash((self.op, self.args)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type, tuple[str, tuple[Expr, ...]]]:
+        # built anew where unpickled: a str's hash differs between processes
+        return App, (self.op, self.args)
 
 
 Expr = Union[Arg, Lit, App]
@@ -205,7 +218,7 @@ def body_args(e: Expr) -> frozenset[int]:
     if isinstance(e, Arg):
         return frozenset({e.index})
     if isinstance(e, App):
-        return frozenset().union(*(body_args(a) for a in e.args))
+        return e.reads
     return frozenset()
 
 
@@ -224,7 +237,7 @@ def substitute(e: Expr, mapping: Mapping[int, Expr]) -> Expr:
     """`e` with every `$i` in `mapping` replaced by `mapping[i]` (simultaneously)."""
     if isinstance(e, Arg):
         return mapping.get(e.index, e)
-    if isinstance(e, App):
+    if isinstance(e, App) and not mapping.keys().isdisjoint(e.reads):
         return App(e.op, tuple(substitute(a, mapping) for a in e.args))
     return e
 
