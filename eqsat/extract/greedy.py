@@ -75,6 +75,7 @@ class _Selection:
         self.feasible = [all(sel[d] != -1 for d in ks) for ks in self.kids]
         self.unordered = False  # whether the last `switch` left the topological order
         self.pos = [0] * graph.num_classes
+        self.at = list(order)  # the class at each position: pos's inverse
         for p, c in enumerate(order):
             self.pos[c] = p
         self.ref = [0] * graph.num_classes
@@ -121,30 +122,29 @@ class _Selection:
             stack.extend(k for k in self.kids[self.sel[d]] if self.pos[k] >= limit)
         return False
 
-    def _reorder(self) -> None:
-        """Recompute topological positions of all chosen classes (after an order-breaking
-        switch)."""
-        n = self.g.num_classes
-        state = [0] * n
-        p = 0
-        for start in range(n):
-            if state[start] or self.sel[start] == -1:
-                continue
-            stack = [(start, 0)]
-            state[start] = 1
-            while stack:
-                c, i = stack[-1]
-                ks = self.kids[self.sel[c]]
-                if i == len(ks):
-                    stack.pop()
-                    state[c] = 2
-                    self.pos[c] = p
-                    p += 1
-                    continue
-                stack[-1] = (c, i + 1)
-                if not state[ks[i]]:
-                    state[ks[i]] = 1
-                    stack.append((ks[i], 0))
+    def _repair(self, c: int) -> None:
+        """Restore the topological order after class c's choice changed to read classes placed
+        after it: those of them, and what they reach, placed after c move to just before it,
+        in their old order; the rest of that stretch keeps its order after them. Every other
+        class keeps its position, and no edge in order before is out of order after (a whole
+        reorder per switch took 9 of 12 s of extraction on a 16-step GRU's gradient)."""
+        pos, at, kids, sel = self.pos, self.at, self.kids, self.sel
+        lo = pos[c]
+        moved: set[int] = set()
+        stack = [k for k in kids[sel[c]] if pos[k] > lo]
+        while stack:
+            d = stack.pop()
+            if d not in moved:
+                moved.add(d)
+                stack.extend(k for k in kids[sel[d]] if pos[k] > lo)
+        if not moved:
+            return
+        hi = max(pos[d] for d in moved)
+        stretch = at[lo:hi + 1]
+        stretch = [d for d in stretch if d in moved] + [d for d in stretch if d not in moved]
+        for p, d in enumerate(stretch, lo):
+            at[p] = d
+            pos[d] = p
 
     def switch(self, c: int, b: int, back: bool = False) -> float | None:
         """Switch class c to node b whatever the cost; the change made, or None (and nothing
@@ -177,7 +177,7 @@ class _Selection:
             return 0.0
         if self._better(delta, a, b):
             if self.unordered:
-                self._reorder()
+                self._repair(c)
             return delta
         self.switch(c, a, back=True)
         return 0.0
@@ -206,7 +206,7 @@ class _Selection:
         users first, even where one switch alone costs more; kept if `done()` and the whole
         lowers the DAG cost, else undone. The change made (<= 0)."""
         undo: list[tuple[int, int]] = []
-        total, reordered = 0.0, False
+        total = 0.0
         for c in sorted(classes, key=self.pos.__getitem__, reverse=True):
             a = self.sel[c]
             if not self.ref[c] or not needs(c):
@@ -224,14 +224,12 @@ class _Selection:
             total += self.switch(c, best) or 0.0
             undo.append((c, a))
             if self.unordered:
-                self._reorder()
-                reordered = True
+                self._repair(c)
         if undo and done() and self._better(total, undo[0][1], self.sel[undo[0][0]]):
             return total
         for c, a in reversed(undo):
             self.switch(c, a, back=True)
-        if reordered:
-            self._reorder()
+            self._repair(c)
         return 0.0
 
 
