@@ -290,6 +290,21 @@ def test_small_kernels_get_one_core_and_cached_bytes_the_cache_bandwidth():
             Roofline("x", peak_flops=1e9, bandwidth=1e9, launch=0.0, **bad)
 
 
+def test_zero_size_kernels_cost_on_a_model_without_a_cache():
+    """A kernel of zero bytes is not 'in the cache' of a model that has none: it divided by
+    the cache bandwidth of 0 (ZeroDivisionError from cost, optimize and compile for cuda)."""
+    m = mod("""
+func @f(%a: f32[0,5], %b: f32[0,5]) -> f32[0,5] {
+  %y = exp %a : f32[0,5]
+  %z = add %y, %b : f32[0,5]
+  return %z
+}""")
+    for model in (CUDA, SLOW_CPU):
+        assert model.seconds(Work(0.0, 0.0, 1)) == model.launch
+        assert eqsat.cost(m, target=model) >= 0.0
+    assert eqsat.cost(eqsat.optimize(m, target="cuda"), target="cuda") >= 0.0
+
+
 def test_cpu_model_knows_the_cores_the_threshold_and_the_cache():
     from eqsat.host import PARALLEL_MIN_WORK, usable_cores
 

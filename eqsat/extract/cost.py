@@ -259,7 +259,8 @@ class Roofline:
         serial = self.cores > 1 and (w.one_core or
                                      w.bytes + w.flops / LANE_FLOPS < self.serial_work * kernels)
         peak = self.peak_flops / self.cores if serial else self.peak_flops
-        cached = w.bytes <= self.cache_bytes * kernels
+        # A model without a cache (cache_bytes 0) has no cache bandwidth to move them at.
+        cached = 0 < self.cache_bytes and w.bytes <= self.cache_bytes * kernels
         bandwidth = self.cache_bandwidth if cached else self.bandwidth
         compute, memory = w.flops / peak, w.bytes / bandwidth
         return (max(compute, memory) + self.overlap * min(compute, memory)
