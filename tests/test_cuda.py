@@ -342,6 +342,40 @@ def test_missing_driver_or_package_is_reported(monkeypatch):
         cuda_runtime.gpu_unavailable.cache_clear()
 
 
+class FakeDriver:
+    """Just enough of cuda.bindings.driver to load a module (nothing runs)."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    def __getattr__(self, name):
+        values = {"cuDeviceGetCount": (1,), "cuModuleLoadData": ("module",),
+                  "cuModuleGetFunction": ("function",), "cuDevicePrimaryCtxRetain": ("ctx",),
+                  "cuDeviceGet": (0,)}
+        return lambda *args: (0, *values.get(name, ()))
+
+
+def test_a_cuda_executable_pickles_as_its_module(monkeypatch):
+    """As the CPU Executable does (multiprocessing workers, copy.copy); it raised TypeError
+    ('cannot pickle _thread.lock')."""
+    import copy
+    import pickle
+
+    cuda_runtime.gpu_unavailable.cache_clear()
+    cuda_runtime._context.cache_clear()
+    monkeypatch.setattr(cuda_runtime, "_driver", lambda: FakeDriver())
+    try:
+        m = example("mlp")
+        exe = cuda_runtime.CudaExecutable(m, cuda.build(m, "sm_80"))
+        for again in (pickle.loads(pickle.dumps(exe)), copy.copy(exe)):
+            assert isinstance(again, cuda_runtime.CudaExecutable)
+            assert again.module == m and again.program.arch == "sm_80"
+            assert again.functions == exe.functions
+    finally:
+        cuda_runtime.gpu_unavailable.cache_clear()
+        cuda_runtime._context.cache_clear()
+
+
 # ---------------------------------------------------------------- on the GPU
 
 

@@ -253,5 +253,13 @@ class CudaExecutable:
             raise UnknownFunction.among("the executable", name, self.program.plans)
         return lambda *arrays, **named: self(name, *arrays, **named)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (and copied) as its module and arch, compiled again where it is loaded, as
+        the CPU Executable is: a loaded driver module, device memory and a lock cannot go to
+        another process."""
+        from .cuda import compile_module
+
+        return (compile_module, (self.module, self.program.arch))
+
     def __repr__(self) -> str:
         return f"<eqsat.CudaExecutable @{self.module.name}: {', '.join(self.functions)}>"
