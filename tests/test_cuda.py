@@ -351,7 +351,7 @@ class FakeDriver:
     def __getattr__(self, name):
         values = {"cuDeviceGetCount": (1,), "cuModuleLoadData": ("module",),
                   "cuModuleGetFunction": ("function",), "cuDevicePrimaryCtxRetain": ("ctx",),
-                  "cuDeviceGet": (0,)}
+                  "cuDeviceGet": (0,), "cuMemAlloc": (4096,)}
         return lambda *args: (0, *values.get(name, ()))
 
 
@@ -371,6 +371,35 @@ def test_a_cuda_executable_pickles_as_its_module(monkeypatch):
             assert isinstance(again, cuda_runtime.CudaExecutable)
             assert again.module == m and again.program.arch == "sm_80"
             assert again.functions == exe.functions
+    finally:
+        cuda_runtime.gpu_unavailable.cache_clear()
+        cuda_runtime._context.cache_clear()
+
+
+class DeviceArray:
+    """An object exposing `__cuda_array_interface__` (as CuPy and PyTorch arrays do)."""
+
+    def __init__(self, shape, typestr="<f4"):
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (256, False),
+                                         "version": 3, "strides": None}
+
+
+def test_argument_errors_name_the_position_among_all_arguments(monkeypatch):
+    """With a device array before it, a bad host argument was numbered among the host ones
+    only ('argument 1 of @predict (%w)' for the second argument); a bad device array was not
+    named at all."""
+    cuda_runtime.gpu_unavailable.cache_clear()
+    cuda_runtime._context.cache_clear()
+    monkeypatch.setattr(cuda_runtime, "_driver", lambda: FakeDriver())
+    try:
+        m = example("mlp")
+        exe = cuda_runtime.CudaExecutable(m, cuda.build(m))
+        x, b = DeviceArray((128, 784)), np.zeros(10, np.float32)
+        with pytest.raises(eqsat.Error, match=r"argument 2 of @predict \(%w\) must have shape"):
+            exe.predict(x, np.zeros((784, 9), np.float32), b)
+        with pytest.raises(eqsat.Error, match=r"argument 2 of @predict \(%w\) must be "
+                                              r"f32\[784,10\] .*float64"):
+            exe.predict(x, DeviceArray((784, 10), "<f8"), b)
     finally:
         cuda_runtime.gpu_unavailable.cache_clear()
         cuda_runtime._context.cache_clear()

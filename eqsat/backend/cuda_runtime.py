@@ -115,7 +115,7 @@ class DeviceBuffer:
             pass
 
 
-def _device_pointer(a: Any, want: Any) -> int | None:
+def _device_pointer(a: Any, want: Any, what: str) -> int | None:
     """The device address of a contiguous, 16-byte aligned device array of the wanted type."""
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:
@@ -126,8 +126,8 @@ def _device_pointer(a: Any, want: Any) -> int | None:
     contiguous = strides is None or tuple(strides) == tuple(
         np.empty(shape, np.dtype(typestr)).strides)
     if shape != want.shape or np.dtype(typestr) != want.dtype.np or not contiguous:
-        raise CudaError(f"a device array of shape {list(shape)} and dtype {np.dtype(typestr)} "
-                        f"was passed where {want} is expected (C-contiguous)")
+        raise CudaError(f"{what} must be {want} (C-contiguous), got a device array of shape "
+                        f"{list(shape)} and dtype {np.dtype(typestr)}")
     return ptr if ptr % 16 == 0 else None
 
 
@@ -180,19 +180,17 @@ class CudaExecutable:
         drv = _driver()
         base = self._arena(name, plan)
         params = plan.func.params
-        if len(arrays) != len(params):
-            check_inputs(plan.func, arrays)  # raises, naming the signature
-        on_host = [k for k, a in enumerate(arrays) if not hasattr(a, "__cuda_array_interface__")]
-        checked = dict(zip(on_host, check_inputs(plan.func, tuple(arrays[k] for k in on_host),
-                                                 [params[k] for k in on_host])))
-        device = [_device_pointer(a, p.type) if k not in checked else None
+        on_device = {k for k, a in enumerate(arrays) if hasattr(a, "__cuda_array_interface__")}
+        checked = check_inputs(plan.func, arrays, skip=on_device)
+        device = [_device_pointer(a, p.type, f"argument {k + 1} of @{name} (%{p.name})")
+                  if k in on_device else None
                   for k, (a, p) in enumerate(zip(arrays, params))]
         param_ptr = []
         for k, (a, d, p) in enumerate(zip(arrays, device, params)):
             at = base + plan.param_at[k]
             if d is not None:
                 param_ptr.append(d)
-            elif k not in checked:  # a misaligned device array: copy it on the device
+            elif k in on_device:  # a misaligned device array: copy it on the device
                 src = int(a.__cuda_array_interface__["data"][0])
                 _check(drv.cuMemcpyDtoD(at, src, p.type.nbytes), "cuMemcpyDtoD")
                 param_ptr.append(at)

@@ -6,7 +6,7 @@ not by Python's recursion limit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,16 +49,21 @@ def bind_arguments(name: str, params: Sequence[Param], args: Sequence[Any],
     return tuple(values[n] for n in names)
 
 
-def check_inputs(func: Function | Any, args: tuple[Any, ...], params=None) -> list[np.ndarray]:
+def check_inputs(func: Function | Any, args: tuple[Any, ...],
+                 skip: Collection[int] = ()) -> list[Any]:
     """Inputs as arrays of exactly the parameter types, or an InterpretError saying which
-    differs."""
-    params = params if params is not None else func.params
+    differs (by its position among all the arguments). The arguments at the positions in
+    `skip` (device arrays, checked by their backend) are returned as given."""
+    params = func.params
     if len(args) != len(params):
         sig = ", ".join(f"%{p.name}: {p.type}" for p in params)
         raise InterpretError(f"@{func.name} takes {len(params)} argument(s) ({sig}), "
                              f"got {len(args)}")
     out = []
     for i, (a, p) in enumerate(zip(args, params)):
+        if i in skip:
+            out.append(a)
+            continue
         want: TensorType = p.type
         if isinstance(a, (np.ndarray, np.generic)):
             arr = np.asarray(a)
