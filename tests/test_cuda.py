@@ -379,9 +379,22 @@ def test_a_cuda_executable_pickles_as_its_module(monkeypatch):
 class DeviceArray:
     """An object exposing `__cuda_array_interface__` (as CuPy and PyTorch arrays do)."""
 
-    def __init__(self, shape, typestr="<f4"):
+    def __init__(self, shape, typestr="<f4", strides=None):
         self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (256, False),
-                                         "version": 3, "strides": None}
+                                         "version": 3, "strides": strides}
+
+
+def test_device_array_strides_are_checked_without_a_host_copy():
+    """Contiguity was judged by allocating an empty host array of the device array's shape:
+    one of 2^40 floats raised MemoryError, not an eqsat.Error."""
+    f32 = eqsat.TensorType(eqsat.DType.f32, (4, 1, 8))
+    assert cuda_runtime._device_pointer(DeviceArray((4, 1, 8), strides=(32, 4, 4)), f32, "x") \
+        == 256
+    with pytest.raises(eqsat.Error, match="x must be f32\\[4,1,8\\]"):
+        cuda_runtime._device_pointer(DeviceArray((4, 1, 8), strides=(4, 4, 16)), f32, "x")
+    huge = eqsat.TensorType(eqsat.DType.f32, (2**20, 2**20))
+    with pytest.raises(eqsat.Error, match="C-contiguous"):
+        cuda_runtime._device_pointer(DeviceArray((2**20, 2**20), strides=(4, 2**22)), huge, "x")
 
 
 def test_argument_errors_name_the_position_among_all_arguments(monkeypatch):

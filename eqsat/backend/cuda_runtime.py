@@ -115,6 +115,20 @@ class DeviceBuffer:
             pass
 
 
+def _c_contiguous(shape: tuple[int, ...], strides: Any, itemsize: int) -> bool:
+    """Whether byte `strides` lay `shape` out in row-major order (an axis of length 1 may have
+    any stride, as numpy's flags allow), computed without allocating the array: an empty
+    host copy of a large device array's shape cost its size in host memory, or a MemoryError."""
+    if len(strides) != len(shape):
+        return False
+    step = itemsize
+    for n, s in zip(reversed(shape), reversed(tuple(strides))):
+        if n != 1 and s != step:
+            return False
+        step *= n
+    return True
+
+
 def _device_pointer(a: Any, want: Any, what: str) -> int | None:
     """The device address of a contiguous, 16-byte aligned device array of the wanted type."""
     cai = getattr(a, "__cuda_array_interface__", None)
@@ -123,8 +137,7 @@ def _device_pointer(a: Any, want: Any, what: str) -> int | None:
     shape, typestr = tuple(cai["shape"]), cai["typestr"]
     ptr = int(cai["data"][0])
     strides = cai.get("strides")
-    contiguous = strides is None or tuple(strides) == tuple(
-        np.empty(shape, np.dtype(typestr)).strides)
+    contiguous = strides is None or _c_contiguous(shape, strides, np.dtype(typestr).itemsize)
     if shape != want.shape or np.dtype(typestr) != want.dtype.np or not contiguous:
         raise CudaError(f"{what} must be {want} (C-contiguous), got a device array of shape "
                         f"{list(shape)} and dtype {np.dtype(typestr)}")
