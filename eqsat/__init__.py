@@ -104,6 +104,10 @@ def compile(module: Module, target: str = "cpu", optimize: bool = True, rules: A
     Returns an Executable: `exe("f", *arrays)` or `exe.f(*arrays)` run the compiled code.
     """
     backend = _backend(target)
+    if target == "cuda":  # before optimizing, which takes a second on a transformer block
+        from .backend.cuda_runtime import require_gpu
+
+        require_gpu()
     if limits is not None:  # checked whether or not it optimizes: never silently ignored
         from .rules.runner import checked_limits
 

@@ -320,6 +320,18 @@ def test_no_gpu_is_a_clean_error():
         cuda.compile_module(example("mlp"))
 
 
+def test_compile_for_a_missing_gpu_fails_before_optimizing(monkeypatch):
+    # it optimized first (a second on a transformer block), then said there was no GPU
+    monkeypatch.setattr(cuda_runtime, "gpu_unavailable", lambda: "no NVIDIA driver: test")
+
+    def never(*args, **kwargs):
+        raise AssertionError("optimized before checking for a GPU")
+
+    monkeypatch.setattr(eqsat, "_optimize_cached", never)
+    with pytest.raises(eqsat.Error, match="cannot run on the GPU: no NVIDIA driver"):
+        eqsat.compile(example("mlp"), target="cuda")
+
+
 def test_missing_driver_or_package_is_reported(monkeypatch):
     class NoDriver:
         def cuInit(self, flags):
