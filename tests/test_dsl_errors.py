@@ -322,6 +322,19 @@ def test_composites_on_integer_tensors_name_themselves(name):
         function(g)
 
 
+@pytest.mark.parametrize("name", ["softmax", "logsumexp", "layer_norm"])
+def test_composites_of_a_scalar_name_themselves(name):
+    # softmax of an f32[] said 'max: axis -1 is out of range', an op the user never wrote
+    composite = getattr(dsl, name)
+
+    def g(x: f32[()]):
+        return composite(x)
+
+    with pytest.raises(TraceError, match=rf"{name}: needs a tensor with an axis to work "
+                                         rf"along, got the scalar f32\[\]"):
+        function(g)
+
+
 @pytest.mark.parametrize("body", [lambda x: x[10**5000], lambda x: x.reshape(10**5000),
                                   lambda x: x.sum(axis=-10**5000),
                                   lambda x: dsl.softmax(x, 10**5000),

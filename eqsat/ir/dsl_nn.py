@@ -13,13 +13,17 @@ from . import dsl_array
 from .dsl_trace import Tracer, as_tracer, trace_error, unary
 
 
-def float_operand(x: Any, what: str) -> Tracer:
-    """`x`, checked to be a traced float value: on an integer tensor the composites would fail
-    inside their formula, on an op the user never wrote."""
+def float_operand(x: Any, what: str, axes: bool = True) -> Tracer:
+    """`x`, checked to be a traced float value (with an axis where the composite reduces over
+    `axes`): otherwise the composites would fail inside their formula, on an op the user
+    never wrote."""
     x = as_tracer(x, what)
     if not x.dtype.is_float:
         raise trace_error(f"{what}: needs a float tensor, got {x.type}; convert with "
                           f".astype(eqsat.f32) first")
+    if axes and not x.shape:
+        raise trace_error(f"{what}: needs a tensor with an axis to work along, got the scalar "
+                          f"{x.type}")
     return x
 
 
@@ -67,7 +71,7 @@ _GELU_C = math.sqrt(2.0 / math.pi)
 def gelu(x: Tracer) -> Tracer:
     """GELU by its tanh approximation (Hendrycks and Gimpel; as PyTorch's approximate="tanh"):
     `0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))`; not the exact erf form."""
-    x = float_operand(x, "gelu")
+    x = float_operand(x, "gelu", axes=False)
     inner = _GELU_C * (x + 0.044715 * (x * x * x))
     return 0.5 * x * (1.0 + unary("tanh", inner))
 
