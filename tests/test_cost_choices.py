@@ -78,14 +78,17 @@ def test_an_expensive_producer_is_computed_once(name, dtype):
 
 ONE_THREAD_SUMS = {
     "sum over both axes": ("axes=[0,1]", "T[]"),
+    "sum down the columns": ("axes=[0]", "T[1024]"),
 }
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f64"])
 @pytest.mark.parametrize("name", ONE_THREAD_SUMS)
 def test_an_expensive_map_stays_out_of_a_one_thread_reduction(name, dtype):
-    """The backend runs a full reduction on one thread: tanh fused into it ran 1.1x (f32) and
-    1.3x (f64) slower than tanh on both cores and then the sum."""
+    """The backend runs a full reduction and a column sum on one thread: tanh fused into a
+    full sum ran 1.1x (f32) and 1.3x (f64) slower than tanh on both cores and then the sum;
+    into a column sum, as fast in f32 (0.26-0.67 against 0.22-0.77 ms) and 1.1-1.3x slower
+    in f64."""
     axes, result = ONE_THREAD_SUMS[name]
     text = f"""module @m
 func @f(%x: T[1024,1024]) -> {result} {{
@@ -99,13 +102,12 @@ func @f(%x: T[1024,1024]) -> {result} {{
     assert eqsat.cost(out, HOST) <= eqsat.cost(m, HOST)
 
 
-@pytest.mark.parametrize("axis", [0, 1])
-def test_a_row_or_column_sum_still_fuses_its_map(axis):
-    """Both split over threads (a column sum by its columns)."""
-    m = eqsat.parse(f"""module @m
-func @f(%x: f32[1024,1024]) -> f32[1024] {{
+def test_a_row_sum_still_fuses_its_map():
+    """It splits its rows over threads."""
+    m = eqsat.parse("""module @m
+func @f(%x: f32[1024,1024]) -> f32[1024] {
   %t = tanh %x : f32[1024,1024]
-  %s = sum %t, axes=[{axis}] : f32[1024]
+  %s = sum %t, axes=[1] : f32[1024]
   return %s
-}}""")
+}""")
     assert "map_reduce" in evaluations(eqsat.optimize(m, target=HOST))

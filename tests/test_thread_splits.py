@@ -1,6 +1,6 @@
 """Kernels whose outer loop is not the one threads usually split: a reduction down the columns
-(split by columns) and a concat along an inner axis (split by rows of every piece). Results
-must be the serial ones bit for bit."""
+(not split: one thread walks its rows) and a concat along an inner axis (split by rows of
+every piece). Results must be the serial ones bit for bit."""
 
 from __future__ import annotations
 
@@ -23,28 +23,29 @@ def extent(text: str) -> int:
 
 
 @pytest.mark.parametrize("reduce", ["sum", "max", "min"])
-def test_column_reductions_split_over_threads_by_columns(fresh, reduce):
-    """Reducing down the columns (rows outside, kept columns inside) splits the columns
-    over threads: each thread walks every row of its own columns, in the serial order, so the
-    results are the serial ones bit for bit, odd shapes and a body included."""
+@pytest.mark.parametrize("shape", [(37, 1003), (65536, 16), (9, 4, 7)], ids=str)
+def test_column_reductions_run_on_one_thread(fresh, reduce, shape):
+    """Reducing down the columns (reduced rows outside, kept columns inside) walks the rows in
+    memory order on one thread: split by columns over two threads, each walked every row for
+    its part of it, at 2-4x the CPU time of one thread (4096x1024 f32: 2.3-2.9 ms against
+    0.3-0.9), and with 16 columns the two threads stored into one cache line of the result on
+    every row (65536x16 f32: 7 ms against 0.07)."""
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((37, 1003)).astype(np.float32)
+    x = rng.standard_normal(shape).astype(np.float32)
+    ty = f"f32[{','.join(map(str, shape))}]"
+    kept = f"f32[{','.join(map(str, shape[1:]))}]"
     text = f"""module @m
-func @f(%x: f32[37,1003]) -> (f32[1003], f32[1003]) {{
-  %a = {reduce} %x, axes=[0] : f32[1003]
-  %b = map_reduce %x, body=tanh(exp($0)), reduce={reduce}, axes=[0] : f32[1003]
+func @f(%x: {ty}) -> ({kept}, {kept}) {{
+  %a = {reduce} %x, axes=[0] : {kept}
+  %b = map_reduce %x, body=tanh(exp($0)), reduce={reduce}, axes=[0] : {kept}
   return %a, %b
 }}
 """
-    fresh(1, 1 << 40)
-    serial = compile_module(parse(text), cache_dir=None).f(x)
     fresh(2, 0)
     threaded = compile_module(parse(text), cache_dir=None).f(x)
-    for s, t in zip(serial, threaded):
-        np.testing.assert_array_equal(s, t)
     np.testing.assert_allclose(threaded[0], getattr(np, reduce)(x, axis=0), rtol=1e-5)
     np.testing.assert_allclose(threaded[1], eqsat.interpret(parse(text), "f", x)[1], rtol=1e-5)
-    assert extent(text) == 1003  # the columns: what threads split
+    assert extent(text) == 1
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2])

@@ -387,17 +387,18 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
     fn, b, lo, hi, (o,), ptrs = kb.function(name, [dtype], [t.dtype for t in ins])
     ident = _identity(op, dtype)
     size = math.prod(domain)
-    # Threads may split the outermost loop when it is a kept axis with loops inside it; a sum
-    # down the columns of a matrix (reduced rows outside, kept contiguous columns inside) they
-    # split by columns instead, each thread walking all rows of its own columns.
+    # Threads may split the outermost loop when it is a kept axis with loops inside it. A sum
+    # down the columns of a matrix (reduced rows outside, kept columns inside) runs on one
+    # thread, walking the rows in memory order: split by columns, every thread walked every
+    # row for its part of it, and on this machine (2 cores, interleaved runs) a 4096x1024 f32
+    # column sum took 2.3-2.9 ms on two threads against 0.3-0.9 on one (4.2x the CPU time),
+    # tanh(exp(x)) summed down the columns 4.0-8.8 against 3.4-5.1 ms, and with column ranges
+    # narrower than a cache line of the output the threads stored into the same line on every
+    # row (16 columns of 65536 rows: 7 ms against 0.07).
     split = len(dims) > 1 and dims[0][1][0] != 0 and size > 0
-    columns = (len(dims) == 2 and dims[0][1][0] == 0 and dims[1][1][0] == 1 and size > 0
-               and dims[1][0] == out.size)
     if split:
         row = i64(dims[0][1][0])
         init_lo, init_hi = b.mul(lo, row), b.mul(hi, row)
-    elif columns:
-        init_lo, init_hi = lo, hi
     else:
         init_lo, init_hi = i64(0), i64(out.size)
     n_inner, (so, *sis) = dims[-1]
@@ -420,8 +421,7 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
                 b.store(combine(b, b.load(acc_slot), value_at(offs[1:], j)), acc_slot)
             b.store(b.load(acc_slot), acc_ptr)
         else:
-            j_lo, j_hi = (lo, hi) if columns else (0, n_inner)
-            with for_range(b, j_lo, j_hi, name="r", interleave=interleave) as j:
+            with for_range(b, 0, n_inner, name="r", interleave=interleave) as j:
                 oo = b.add(offs[0], b.mul(j, i64(so)))
                 _store(b, combine(b, _load(b, o, oo), value_at(offs[1:], j)), o, oo)
 
@@ -440,8 +440,6 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
     with_trig_fallback(b, loops)
     b.ret_void()
     work = sum(t.nbytes for t in ins) + out.nbytes + int(size * cost)
-    if columns:
-        return Kernel(fn, out.size, work)
     if not split:
         return Kernel(fn, 1, work)
     return Kernel(fn, dims[0][0], work,

@@ -90,17 +90,12 @@ def elementwise_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
 
 def one_thread(domain: Sequence[int], axes: Sequence[int]) -> bool:
     """Whether a reduction over `axes` of `domain` runs on one thread. The CPU backend
-    (`llvm_kernels.reduce_kernel`) splits an outermost kept axis among threads, or, where the
-    reduced axes all come before the kept ones (a column sum), the kept columns; a full
-    reduction, or one whose reduced and kept axes interleave below a reduced outer axis, runs
-    on one core. Measured (1024x1024 f32, 2 cores): a fused full sum of tanh(x) took 260 us
-    against 229 as tanh on both cores and then the sum."""
+    (`llvm_kernels.reduce_kernel`) splits an outermost kept axis among threads; a full
+    reduction, or one whose outermost axis is reduced (a column sum), runs on one core.
+    Measured (1024x1024 f32, 2 cores): a fused full sum of tanh(x) took 260 us against 229 as
+    tanh on both cores and then the sum."""
     reduced = [d in axes for d, n in enumerate(domain) if n != 1]
-    if not reduced or all(reduced):
-        return True
-    if not reduced[0]:
-        return False
-    return any(reduced[reduced.index(False):])
+    return not reduced or reduced[0]
 
 
 def reduction_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
