@@ -143,8 +143,8 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
     """Compile a verified module of plain functions for this CPU.
 
     Compiled code is cached in memory (while an Executable of it lives) and under `cache_dir`
-    (default ~/.cache/eqsat/objects; None turns the disk cache off), keyed by the module text, target
-    and code generator.
+    (default ~/.cache/eqsat/objects; None turns the disk cache off; "" is refused), keyed by
+    the module text, target and code generator.
     """
     module = plain_module(module, "compile_module")
     if cache_dir == "":
