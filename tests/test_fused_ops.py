@@ -166,10 +166,9 @@ def test_a_body_unpickled_in_another_process_hashes_as_built_there():
     import subprocess
     import sys
 
-    made = subprocess.run([sys.executable, "-c", "import pickle, sys\n"
-                           "from eqsat.ir.scalar_expr import parse_body\n"
-                           "sys.stdout.buffer.write(pickle.dumps(parse_body('tanh(add($0, $1))')))"],
-                          capture_output=True, check=True).stdout
+    script = ("import pickle, sys\nfrom eqsat.ir.scalar_expr import parse_body\n"
+              "sys.stdout.buffer.write(pickle.dumps(parse_body('tanh(add($0, $1))')))")
+    made = subprocess.run([sys.executable, "-c", script], capture_output=True, check=True).stdout
     here = parse_body("tanh(add($0, $1))")
     there = pickle.loads(made)
     assert there == here and hash(there) == hash(here) and there in {here}
