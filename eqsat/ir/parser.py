@@ -301,7 +301,6 @@ class _Parser:
                                      f"{self.tok.describe()}")
                 if not self.accept("punct", ","):
                     break
-        attrs = {k: attrs[k] for k, _ in opdef.attrs if k in attrs}  # canonical order
         self.punct(":", "':' and the result type (it is always written)")
         type_at = _at(self.tok)
         types = [self.type()]
