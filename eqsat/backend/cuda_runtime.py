@@ -24,6 +24,7 @@ from ..ir.dsl_function import function_name
 from ..ir.interpreter import bind_arguments, check_inputs
 from ..ir.module import Module
 from .cuda import GpuPlan, PtxProgram
+from .loops import row_major_strides
 
 
 class CudaError(Error):
@@ -119,14 +120,9 @@ def _c_contiguous(shape: tuple[int, ...], strides: Any, itemsize: int) -> bool:
     """Whether byte `strides` lay `shape` out in row-major order (an axis of length 1 may have
     any stride, as numpy's flags allow), computed without allocating the array: an empty
     host copy of a large device array's shape cost its size in host memory, or a MemoryError."""
-    if len(strides) != len(shape):
-        return False
-    step = itemsize
-    for n, s in zip(reversed(shape), reversed(tuple(strides))):
-        if n != 1 and s != step:
-            return False
-        step *= n
-    return True
+    return len(strides) == len(shape) and all(
+        n == 1 or s == r * itemsize
+        for n, s, r in zip(shape, strides, row_major_strides(shape)))
 
 
 def _device_pointer(a: Any, want: Any, what: str) -> int | None:
