@@ -1,5 +1,7 @@
 """Every built-in rule passes the soundness check."""
 
+import re
+
 import pytest
 
 import eqsat
@@ -100,3 +102,21 @@ def test_the_builtin_rules_that_ieee_draws_refuse_are_those_the_readme_lists():
     for name in ("log_exp", "factor_mul_add", "mm_assoc_right"):
         with pytest.raises(eqsat.UnsoundRule, match=name):
             eqsat.rules.check(eqsat.rules.default()[name], ieee=True)
+
+
+def test_counterexample_names_the_attributes_it_drew():
+    """The counterexample showed only the tensors: for a wrong transpose rule the perm ?p
+    that made it fail was missing (and an attribute left open was not shown at all), so it
+    could not be reproduced; ill-typed right sides also named a `<printed module>` line."""
+    with pytest.raises(eqsat.UnsoundRule) as e:
+        eqsat.rules.check(eqsat.rules.parse(
+            "rule tt: transpose(transpose(?x, perm=?p), perm=?p) => ?x"))
+    assert re.search(r"\?p = \[\d(,\d)+\]", str(e.value)), str(e.value)
+    with pytest.raises(eqsat.UnsoundRule) as e:
+        eqsat.rules.check(eqsat.rules.parse("rule t: transpose(?x) => ?x"))
+    assert re.search(r"left side as IR:\n +%t0 = transpose %x, perm=\[", str(e.value))
+    with pytest.raises(eqsat.UnsoundRule) as e:
+        eqsat.rules.check(eqsat.rules.parse(
+            "rule bc: add(broadcast(?x, shape=?s), ?y) => add(?x, ?y)"))
+    assert "?s = [" in str(e.value) and "printed module" not in str(e.value)
+    assert "add: add" not in str(e.value)

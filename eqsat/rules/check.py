@@ -21,10 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Error, UnsoundRule
+from ..errors import Error, LocatedError, UnsoundRule
 from ..ir.interpreter import interpret_function
 from ..ir.module import Function, Module, Param, Stmt
 from ..ir.ops import INT, INTS, OPS
+from ..ir.printer import format_stmt
 from ..ir.types import DTYPES, DType, TensorType
 from ..ir.verifier import verify
 from .lang import Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
@@ -47,9 +48,10 @@ class _Reject(Exception):
 
 
 class _IllTyped(Exception):
-    def __init__(self, message: str, module: Module, arrays: list[np.ndarray]):
+    def __init__(self, message: str, module: Module, arrays: list[np.ndarray],
+                 inst: _Instance | None = None):
         super().__init__(message)
-        self.module, self.arrays = module, arrays
+        self.module, self.arrays, self.inst = module, arrays, inst
 
 
 def _random_shape(rng: random.Random, rank: int, big: tuple[int, ...] = ()
@@ -97,6 +99,7 @@ class _Instance:
         self.int_dtype = rng.choice((DType.i32, DType.i64))
         self.body: list[Stmt] = []
         self.env: dict[str, str] = {}
+        self.open = False  # whether an attribute the rule leaves open was drawn
 
     def shape(self) -> tuple[int, ...]:
         if self.shapes and self.rng.random() < 0.6:
@@ -144,7 +147,10 @@ class _Instance:
                     x, Fn) else tuple(self.attrs[x.name]))
             except ValueError:
                 raise _Reject from None
-        return make() if v is None else v
+        if v is None:
+            self.open = True
+            return make()
+        return v
 
     def value(self, v: Any) -> float:
         if isinstance(v, Num):
@@ -221,7 +227,8 @@ class _Instance:
             except Exception as e:
                 if lhs:
                     raise _Reject from None
-                raise _IllTyped(f"{p.op}: {e}", Module(), []) from None
+                why = str(e) if str(e).startswith(p.op) else f"{p.op}: {e}"
+                raise _IllTyped(why, Module(), []) from None
         return self.emit(p.op, args, attrs, t)
 
     def random_attr(self, op: str, key: str, kind: str, x: TensorType | None,
@@ -285,6 +292,12 @@ class _Instance:
             return self.rng.choice(((x.size,), tuple(reversed(x.shape)), (1,) + x.shape))
         return x.shape
 
+    def bound(self) -> list[str]:
+        """`?p = [1,0]`, `?c = 0.5`: the attributes and constant values drawn for the left
+        side's variables, which a counterexample needs besides its tensors."""
+        out = [f"?{k} = {_fmt_attr(v)}" for k, v in self.attrs.items()]
+        return out + [f"?{k} = {v!r}" for k, v in self.values.items()]
+
     def holds(self, c: Cond) -> bool:
         if c.op == "is_float":
             return self.types[c.left.name].dtype.is_float
@@ -322,7 +335,7 @@ def _draw_value(rng: random.Random, dtype: np.dtype | None = None, ieee: bool = 
 
 
 def _instantiate(rule: Rule, rng: random.Random, ieee: bool = False
-                 ) -> tuple[Module, list[np.ndarray]]:
+                 ) -> tuple[Module, list[np.ndarray], _Instance]:
     inst = _Instance(rule, rng)
     params: list[Param] = []
     root = inst.build(rule.lhs, params, None, lhs=True)
@@ -343,10 +356,10 @@ def _instantiate(rule: Rule, rng: random.Random, ieee: bool = False
         rhs_root = inst.build(rule.rhs, params, t if isinstance(rule.rhs, Node) and OPS[
             rule.rhs.op].family in ("unary", "binary", "select") else None, lhs=False)
     except _IllTyped as e:
-        raise _IllTyped(str(e), Module(lhs), arrays) from None
+        raise _IllTyped(str(e), Module(lhs), arrays, inst) from None
     rhs_type = inst.type_of(rhs_root, params)
     rhs = Function("rhs", tuple(params), (rhs_type,), tuple(inst.body), (rhs_root,))
-    return Module(lhs, rhs), arrays
+    return Module(lhs, rhs), arrays, inst
 
 
 def _array(rng: random.Random, t: TensorType, ieee: bool = False) -> np.ndarray:
@@ -409,21 +422,24 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True,
         rng = random.Random(seed)
         for _ in range(_ATTEMPTS):
             try:
-                module, arrays = _instantiate(rule, rng, ieee)
+                module, arrays, inst = _instantiate(rule, rng, ieee)
                 break
             except _Reject:
                 continue
             except _IllTyped as e:
-                raise UnsoundRule(f"rule {rule.name}: the right-hand side is ill-typed for "
-                                  f"{_describe(e.module['lhs'], e.arrays)}: {e}") from None
+                raise UnsoundRule(f"rule {rule.name}: the right-hand side is ill-typed: {e}\n"
+                                  f"  counterexample: "
+                                  f"{_describe(e.module['lhs'], e.arrays, e.inst)}") from None
         else:
             return
         found[0] += 1
         try:
             verify(module)
         except Error as e:
-            raise UnsoundRule(f"rule {rule.name}: the right-hand side is ill-typed for "
-                              f"{_describe(module['lhs'], arrays)}: {e}") from None
+            why = e.message if isinstance(e, LocatedError) else str(e)  # in no text of theirs
+            raise UnsoundRule(f"rule {rule.name}: the right-hand side is ill-typed: {why}\n"
+                              f"  counterexample: {_describe(module['lhs'], arrays, inst)}"
+                              ) from None
         (left,) = interpret_function(module, "lhs", *arrays)
         (right,) = interpret_function(module, "rhs", *arrays)
         with np.errstate(all="ignore"):
@@ -434,7 +450,7 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True,
         scale = largest ** 2 if largest < 1e150 else 1e300
         if not _close(left, right, scale):
             raise UnsoundRule(f"rule {rule.name} is unsound: {rule}\n  counterexample: "
-                              f"{_describe(module['lhs'], arrays)}\n  left side gives "
+                              f"{_describe(module['lhs'], arrays, inst)}\n  left side gives "
                               f"{_fmt(left)}\n  right side gives {_fmt(right)}")
 
     run()
@@ -444,11 +460,25 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True,
 
 
 def _fmt(a: np.ndarray) -> str:
-    return f"{a.dtype}{list(a.shape)} " + np.array2string(a, precision=6, threshold=20)
+    # continuation lines indented under the message's own, so a matrix reads as one block
+    first, *rest = np.array2string(a, precision=6, threshold=20).split("\n")
+    return "\n".join([f"{a.dtype}{list(a.shape)} {first}"]
+                     + [f"      {line}" if line.strip() else "" for line in rest])
 
 
-def _describe(f: Function, arrays: list[np.ndarray]) -> str:
-    return ", ".join(f"?{p.name} = {_fmt(a)}" for p, a in zip(f.params, arrays)) or "no inputs"
+def _fmt_attr(v: Any) -> str:
+    return "[" + ",".join(map(str, v)) + "]" if isinstance(v, tuple) else str(v)
+
+
+def _describe(f: Function, arrays: list[np.ndarray], inst: _Instance | None = None) -> str:
+    """The counterexample: every tensor variable's value, the attributes and constants drawn
+    for the other variables, and, where the rule leaves an attribute open, the left side's
+    instance as IR (which shows the attribute drawn)."""
+    parts = [f"?{p.name} = {_fmt(a)}" for p, a in zip(f.params, arrays)]
+    text = ", ".join(parts + (inst.bound() if inst else [])) or "no inputs"
+    if inst is not None and inst.open:
+        text += "\n  left side as IR:" + "".join(f"\n    {format_stmt(s)}" for s in f.body)
+    return text
 
 
 def check(ruleset: RuleSet | Rule, examples: int = 40, derandomize: bool = True,
