@@ -63,6 +63,10 @@ def test_rulesets_drop_rules_by_name():
      "its value holds"),
     ("rule r: sum(?x, axes=[0], axes=[1]) => ?x", 1, 9, "axes more than once"),
     ("analysis rule r: add(?x, ?y) => add(?y, ?x)", 1, 33, "must fold to a constant"),
+    ("rule r: cast(?x, dtype=f16) => ?x", 1, 24, "dtype= takes one of f32"),
+    ("rule r: map_reduce(?x, body=$0, reduce=prod, axes=[0]) => ?x", 1, 9,
+     r"takes a reduction \(max, min, sum\), not 'prod'"),
+    ("rule r: map(?x, body=?b) => ?x if ?b == 3", 1, 35, "body. cannot be compared"),
 ])
 def test_parse_errors_have_line_and_col(text, line, col, message):
     with pytest.raises(eqsat.ParseError, match=message.replace("?", r"\?")) as e:
@@ -168,6 +172,22 @@ def test_kernel_bodies_in_rule_text():
     assert [s.op for s in out["f"].body] == ["map"] and "body=tanh($0)" in str(out)
     with pytest.raises(eqsat.UnsoundRule, match="drop_neg"):
         check(parse("rule drop_neg: map(?x, body=neg($0)) => ?x"))
+
+
+def test_map_reduce_names_its_reduction_in_rule_text():
+    """`reduce=sum` (the IR's own spelling) was read as an integer and refused, so a
+    map_reduce pattern could be built only in Python, and its printed text did not parse."""
+    rs = parse("rule mr: map_reduce(?x, body=mul($0, $0), reduce=sum, axes=?a) => "
+               "sum(mul(?x, ?x), axes=?a)")
+    assert str(parse(str(rs))) == str(rs)
+    built = Rule("mr", op.map_reduce(var("x"), body="mul($0, $0)", reduce="sum",
+                                     axes=var("a")), op.sum(op.mul(var("x"), var("x")),
+                                                            axes=var("a")))
+    assert str(built) == str(rs["mr"])
+    check(rs)
+    with pytest.raises(eqsat.UnsoundRule, match=r"\?r = m(ax|in)"):  # a drawn reduction
+        check(parse("rule mrw: map_reduce(?x, body=mul($0, $0), reduce=?r, axes=?a) => "
+                    "sum(mul(?x, ?x), axes=?a)"))
 
 
 @pytest.mark.parametrize("text,col,message", [

@@ -22,9 +22,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import Error, LocatedError, UnsoundRule
+from ..ir.fused import REDUCER
 from ..ir.interpreter import interpret_function
 from ..ir.module import Function, Module, Param, Stmt
-from ..ir.ops import INT, INTS, OPS
+from ..ir.ops import INT, INTS, OPS, ops_in
 from ..ir.printer import format_stmt
 from ..ir.types import DTYPES, DType, TensorType
 from ..ir.verifier import verify
@@ -251,6 +252,8 @@ class _Instance:
                 raise _Reject
             return tuple(d if self.rng.random() < 0.5 else self.rng.randint(min(b + 1, d), d)
                          for b, d in zip(start, x.shape))
+        if kind == REDUCER:
+            return self.rng.choice(sorted(ops_in("reduce")))
         if kind == INT:
             return self.rng.randrange(max(rank, 1))
         if kind == INTS:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ParseError
+from ..ir.fused import REDUCER
 from ..ir.ops import OPS
 from ..ir.scalar_expr import Expr, parse_body
 from ..ir.types import DTYPES
@@ -154,21 +155,24 @@ class RuleParser:
                 key = self.next()
                 self.next()
                 body = key.text == "body" and self.tok.kind != "var"
-                attrs.append((key.text, self.body() if body else self.attr_value()))
+                kind = dict(OPS[t.text].attrs).get(key.text, key.text)
+                attrs.append((key.text, self.body() if body else self.attr_value(kind)))
             else:
                 if attrs:
                     raise self.error("operands come before attributes")
                 args.append(self.pattern())
         return Node(t.text, tuple(args), tuple(attrs), self.pos(t))
 
-    def attr_value(self) -> Any:
+    def attr_value(self, kind: str | None = None) -> Any:
+        """An attribute's value; `kind` is the op's kind for the attribute (its name for the
+        written-type ones): a reduction is named (`reduce=sum`), as in the IR."""
         t = self.tok
         if t.kind == "var":
             self.next()
             return Var(t.text[1:], self.pos(t))
         if t.text == "[":
             return self.int_list()
-        if t.kind == "ident" and t.text in DTYPES:
+        if t.kind == "ident" and (t.text in DTYPES or kind == REDUCER):
             self.next()
             return t.text
         if t.kind == "ident" and self.toks[self.i + 1].text == "(":
@@ -176,6 +180,9 @@ class RuleParser:
                 raise self.error("shape(?x) is an argument of a shape function (e.g. "
                                  "lpad(shape(?x), ?s)); for ?x's own type write like=?x", t)
             return self.shape_fn()
+        if kind == "dtype":
+            raise self.error(f"dtype= takes one of {', '.join(DTYPES)} or a ?variable, got "
+                             f"{t.text or 'end of line'!r}")
         return self.integer()
 
     def body(self) -> Expr:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ParseError
-from ..ir.fused import BODY
-from ..ir.ops import CALLEE, INT, INTS, OPS
+from ..ir.fused import BODY, REDUCER
+from ..ir.ops import CALLEE, INT, INTS, OPS, ops_in
 from ..ir.scalar_expr import App, Arg, Lit, body_op_names, format_body
 from ..ir.types import DTYPES
 from . import schema
@@ -183,13 +183,16 @@ class _Checker:
                 if kind == CALLEE:
                     raise self.fail(f"{p.op} cannot appear in rules", p)
                 if isinstance(v, Var):
-                    self.bind(v, "ints" if kind == INTS else "int", lhs)
+                    self.bind(v, {INTS: "ints", INT: "int"}.get(kind, kind), lhs)
                 elif kind == INTS and isinstance(v, ShapeFn):
                     self.shape_fn(v, lhs)
                 elif kind == INTS and not _int_list(v):
                     raise self.fail(f"attribute {key} of {p.op} takes a list like [0,1]", p)
                 elif kind == INT and (not isinstance(v, int) or isinstance(v, bool)):
                     raise self.fail(f"attribute {key} of {p.op} takes an integer", p)
+                elif kind == REDUCER and v not in ops_in("reduce"):
+                    raise self.fail(f"attribute {key} of {p.op} takes a reduction "
+                                    f"({', '.join(sorted(ops_in('reduce')))}), not {v!r}", p)
                 elif kind == BODY:
                     problem = _body_problem(v, _body_inputs(p))
                     if problem:
