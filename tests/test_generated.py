@@ -57,6 +57,14 @@ def test_float_only_op_sets_still_give_valid_programs(data: st.DataObject):
 
 
 @settings(max_examples=60, deadline=None, database=None)
+@given(functions(ops={"map_reduce", "sum"}, dtypes=(DType.f32,)))
+def test_kernel_bodies_make_no_bool_values_that_were_not_asked_for(f):
+    """A map_reduce's body could end in a compare, so a function over f32 alone held bool
+    values although neither bool nor a compare op was asked for."""
+    assert all(t.dtype is DType.f32 for t in f.types().values()), f
+
+
+@settings(max_examples=60, deadline=None, database=None)
 @given(functions(ops={"add", "mul"}, dtypes=(DType.i32,), max_stmts=6, max_params=2))
 def test_restricted_ops_and_params_are_respected(f):
     assert {s.op for s in f.body} <= {"add", "mul"}

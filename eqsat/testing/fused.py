@@ -84,6 +84,12 @@ def _extras(b: Builder, shape: tuple[int, ...], most: int) -> list[str]:
     return out
 
 
+def _bools_allowed(b: Builder) -> bool:
+    """Whether a drawn value may be bool: it is one of the dtypes asked for, or a compare op
+    is allowed (its masks are the one exception `functions()` documents)."""
+    return DType.bool in b.dtypes or bool(ops_in("compare") & b.ops)
+
+
 def _map(b: Builder, op: str) -> str | None:
     x = b.value()
     if x is None:
@@ -106,6 +112,8 @@ def _map_reduce(b: Builder, op: str) -> str | None:
     operands = [x] + _extras(b, shape, 2)
     ins = [b.env[o] for o in operands]
     e, d = _typed_body(b, [t.dtype for t in ins], None)
+    if d is DType.bool and not _bools_allowed(b):  # a compare in the body: a mask nobody asked for
+        e, d = _typed_body(b, [t.dtype for t in ins], ins[0].dtype)
     reducers = sorted(ops_in("reduce") & b.ops) or sorted(ops_in("reduce"))
     axes = tuple(b.draw(st.lists(st.integers(0, len(shape) - 1), unique=True,
                                  min_size=1, max_size=len(shape))))
