@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import subprocess
 import sys
 import types
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 
 import eqsat
+from eqsat import cache
 from eqsat.backend import compile_module, cpu, jit
 from eqsat.ir import parse
 
@@ -65,13 +67,21 @@ def test_cached_compile_skips_the_kernel_builders_and_the_pool_ir(tmp_path):
     assert ok and warm == []
 
 
+def _read_layout(layout: Path) -> dict:
+    return json.loads(cache.load_checked(layout.parent, layout.name))
+
+
+def _write_layout(layout: Path, data: dict) -> None:
+    cache.store_checked(layout.parent, layout.name, json.dumps(data).encode())
+
+
 def test_missing_or_damaged_layout_compiles_again(tmp_path):
     _fresh(tmp_path)
     (layout,) = tmp_path.glob("*.layout.json")
-    layout.write_text('{"align": 64, "functions": {"g": {"symbol": "x", "arena_bytes": 0}}}')
+    _write_layout(layout, {"align": 64, "functions": {"g": {"symbol": "x", "arena_bytes": 0}}})
     ok, mods = _fresh(tmp_path)
     assert ok and "entry" in mods  # not this module's layout: a miss
-    assert json.loads(layout.read_text())["functions"].keys() == {"f"}
+    assert _read_layout(layout)["functions"].keys() == {"f"}
     layout.unlink()
     ok, mods = _fresh(tmp_path)
     assert ok and "entry" in mods and layout.exists()
@@ -82,12 +92,43 @@ def test_layout_naming_a_missing_symbol_compiles_again(tmp_path):
     # KeyError from the loader; it is a miss now, compiled again and overwritten
     _fresh(tmp_path)
     (layout,) = tmp_path.glob("*.layout.json")
-    data = json.loads(layout.read_text())
+    data = _read_layout(layout)
     data["functions"]["f"]["symbol"] = "no.such.symbol"
-    layout.write_text(json.dumps(data))
+    _write_layout(layout, data)
     ok, mods = _fresh(tmp_path)
     assert ok and "entry" in mods
-    assert json.loads(layout.read_text())["functions"]["f"]["symbol"] != "no.such.symbol"
+    assert _read_layout(layout)["functions"]["f"]["symbol"] != "no.such.symbol"
+
+
+ARENA = """module @arena
+func @f(%x: f32[64,64]) -> f32[64] {
+  %e = exp %x : f32[64,64]
+  %t = transpose %e, perm=[1,0] : f32[64,64]
+  %m = mul %t, %e : f32[64,64]
+  %s = sum %m, axes=[1] : f32[64]
+  return %s
+}"""
+
+
+def test_layout_with_a_changed_arena_size_compiles_again(tmp_path):
+    """A layout that still parses after damage (one digit of an arena size changed) was
+    trusted: the code wrote past the arena it was given and the process died (SIGSEGV). The
+    layout carries a digest like the object, so that is a miss, compiled again."""
+    script = (f"import sys, numpy as np, eqsat\n"
+              f"from eqsat.backend import compile_module\n"
+              f"m = eqsat.parse({ARENA!r})\n"
+              f"x = np.linspace(-2, 2, 64 * 64, dtype=np.float32).reshape(64, 64)\n"
+              f"got = compile_module(m, cache_dir=sys.argv[1]).f(x)\n"
+              f"print(np.allclose(got, eqsat.interpret(m, 'f', x), rtol=1e-5))\n")
+    compile_module(parse(ARENA), cache_dir=tmp_path)
+    (layout,) = tmp_path.glob("*.layout.json")
+    data = layout.read_bytes()
+    assert re.search(rb'"arena_bytes": [1-9]', data)  # else there is nothing to shrink
+    layout.write_bytes(re.sub(rb'"arena_bytes": \d+', b'"arena_bytes": 0', data))
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True,
+                         text=True)
+    assert run.returncode == 0 and run.stdout.split() == ["True"], run.stderr[-2000:]
+    assert layout.read_bytes() == data  # compiled again and stored again
 
 
 def test_empty_cache_dir_is_refused(tmp_path, monkeypatch):

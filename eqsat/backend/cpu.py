@@ -107,8 +107,10 @@ def _layout(plans: dict[str, Plan]) -> dict[str, Any]:
 
 
 def _load_layout(directory: Path | None, key: str, module: Module) -> dict[str, Any] | None:
-    """The stored layout of `key`, or None when missing, damaged or not this module's."""
-    data = cache.load(directory, f"{key}.layout.json")
+    """The stored layout of `key`, or None when missing, damaged or not this module's. It is
+    checked against its digest like the object: an arena size changed by one digit still
+    parsed, and the code then wrote past its arena (the process died)."""
+    data = cache.load_checked(directory, f"{key}.layout.json")
     if data is None:
         return None
     try:
@@ -164,7 +166,8 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
                 obj = jit.compile_object(text)
                 layout = _layout(plans)
                 # the layout first: an object without its layout is a miss, never a wrong call
-                cache.store(directory, f"{key}.layout.json", json.dumps(layout).encode())
+                cache.store_checked(directory, f"{key}.layout.json",
+                                    json.dumps(layout).encode())
                 jit.cache_store(directory, key, obj)
                 code = jit.Code(obj, directory)
             else:
