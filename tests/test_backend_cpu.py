@@ -347,6 +347,8 @@ def test_executables_pickle_and_copy() -> None:
     for copied in (pickle.loads(pickle.dumps(exe)), copy.deepcopy(exe), copy.copy(exe)):
         assert copied.module == exe.module and copied.key == exe.key
         np.testing.assert_array_equal(copied.f(x), exe.f(x))
+    # `pool.map(exe.f, batches)` pickles the function: it was a lambda (AttributeError)
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(exe.f))(x), exe.f(x))
 
 
 def test_gradient_declarations_are_refused() -> None:

@@ -383,6 +383,9 @@ def test_a_cuda_executable_pickles_as_its_module(monkeypatch):
             assert isinstance(again, cuda_runtime.CudaExecutable)
             assert again.module == m and again.program.arch == "sm_80"
             assert again.functions == exe.functions
+        name = exe.functions[0]  # exe.f too: it was a lambda, which pickle refused
+        again = pickle.loads(pickle.dumps(getattr(exe, name)))
+        assert isinstance(again.func, cuda_runtime.CudaExecutable) and again.args == (name,)
     finally:
         cuda_runtime.gpu_unavailable.cache_clear()
         cuda_runtime._context.cache_clear()

@@ -258,7 +258,7 @@ class CudaExecutable:
             raise AttributeError(name)
         if name not in self.program.plans:
             raise UnknownFunction.among("the executable", name, self.program.plans)
-        return lambda *arrays, **named: self(name, *arrays, **named)
+        return functools.partial(self, name)  # pickles with the executable, as the CPU one
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (and copied) as its module and arch, compiled again where it is loaded, as

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import threading
 from collections.abc import Callable
@@ -142,12 +143,14 @@ class Executable:
 
     def __getattr__(self, name: str) -> Callable[..., np.ndarray | tuple[np.ndarray, ...]]:
         """`exe.f` for function @f (`module`, `key` and `functions` are the executable's own
-        attributes: call functions of those names as `exe("module", ...)`)."""
+        attributes: call functions of those names as `exe("module", ...)`). A partial of the
+        executable, so it pickles as the executable does: `pool.map(exe.f, batches)` sends it
+        to multiprocessing workers (a lambda could not be pickled)."""
         if name.startswith("_"):
             raise AttributeError(name)
         if name not in self._entries:
             raise UnknownFunction.among("the executable", name, self._entries)
-        return lambda *arrays, **named: self(name, *arrays, **named)
+        return functools.partial(self, name)
 
     def __dir__(self) -> list[str]:
         """The attributes and the callable functions (for tab completion)."""
