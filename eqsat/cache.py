@@ -42,6 +42,22 @@ def load(directory: Path | None, name: str) -> bytes | None:
         return None
 
 
+def _entry_mode() -> int:
+    """The permissions of an entry: what `open` would give a new file (0o666 less the umask).
+    mkstemp's own 0o600 made a cache filled by one user (a container image's build step) one
+    that every other user could not read: each of their compiles was a cold one."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return 0o666 & ~int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # without /proc the umask is only read by setting it
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def store(directory: Path | None, name: str, data: bytes) -> None:
     """Write entry `name` atomically: a concurrent reader sees all of it or nothing. A write
     that fails (a full disk, a directory in the entry's place) removes its temporary file: each
@@ -55,6 +71,7 @@ def store(directory: Path | None, name: str, data: bytes) -> None:
         return
     try:
         with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), _entry_mode())
             f.write(data)
         os.replace(tmp, directory / name)
     except OSError:

@@ -205,6 +205,20 @@ def test_failed_store_leaves_no_temporary_file(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077], ids=["022", "077"])
+def test_entries_are_created_as_the_umask_says(tmp_path, umask):
+    """Entries were mkstemp's 0o600 whatever the umask: a cache that one user filled (a
+    container image's build step) could not be read by any other, who compiled everything
+    cold. They get what `open` gives a new file now."""
+    old = os.umask(umask)
+    try:
+        compile_module(parse(ARENA.replace("@arena", f"@umask{umask}")), cache_dir=tmp_path)
+    finally:
+        os.umask(old)
+    entries = list(tmp_path.iterdir())
+    assert entries and {p.stat().st_mode & 0o777 for p in entries} == {0o666 & ~umask}
+
+
 @pytest.mark.parametrize("mode", ["all", "batched", "0", "other"])
 def test_gemm_switches_without_gemm_match_gemm(mode):
     script = ("import sys\nfrom eqsat.backend import cpu\n"
