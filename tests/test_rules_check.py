@@ -120,3 +120,9 @@ def test_counterexample_names_the_attributes_it_drew():
             "rule bc: add(broadcast(?x, shape=?s), ?y) => add(?x, ?y)"))
     assert "?s = [" in str(e.value) and "printed module" not in str(e.value)
     assert "add: add" not in str(e.value)
+
+
+def test_an_open_kernel_body_is_named_as_what_check_cannot_draw():
+    # it said "no instance satisfies its left side", as if the rule could never apply
+    with pytest.raises(eqsat.Error, match=r"cannot draw the open attribute body= of map"):
+        eqsat.rules.check(eqsat.rules.parse("rule r: map(?x, body=?b) => ?x"))

@@ -48,6 +48,10 @@ class _Reject(Exception):
     pass
 
 
+class _Undrawable(Exception):
+    """An attribute the rule leaves open whose values check cannot draw (a kernel body)."""
+
+
 class _IllTyped(Exception):
     def __init__(self, message: str, module: Module, arrays: list[np.ndarray],
                  inst: _Instance | None = None):
@@ -258,7 +262,7 @@ class _Instance:
             return self.rng.randrange(max(rank, 1))
         if kind == INTS:
             return _random_shape(self.rng, rank, self.big)
-        raise _Reject
+        raise _Undrawable(f"{key}= of {op}")
 
     def written_type(self, p: Node, x: TensorType | None, sibling: TensorType | None
                      ) -> TensorType:
@@ -456,7 +460,12 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True,
                               f"{_describe(module['lhs'], arrays, inst)}\n  left side gives "
                               f"{_fmt(left)}\n  right side gives {_fmt(right)}")
 
-    run()
+    try:
+        run()
+    except _Undrawable as e:
+        raise CheckError(f"rule {rule.name}: check cannot draw the open attribute {e} (it draws "
+                         f"tensors, shapes, axes, perms and reductions, not kernel bodies); "
+                         f"check instances of the rule with the attribute written out") from None
     if not found[0]:
         raise CheckError(f"rule {rule.name}: no instance satisfies its left side and condition "
                          f"(tried {examples} x {_ATTEMPTS} draws)")
