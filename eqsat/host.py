@@ -22,3 +22,28 @@ def usable_cores() -> int:
     except (AttributeError, OSError):
         n = os.cpu_count() or 1
     return max(1, min(n, MAX_THREADS))
+
+
+# A reduction whose outermost axis (of length > 1) is reduced, a column sum or a full sum, is cut
+# by the CPU backend into this many parts along that axis: each part's rows are reduced into a
+# partial result by a kernel the threads split (walking rows in memory order), then the partials
+# are combined in order (backend/reductions.py). A fixed count, not the cores: results do not
+# depend on the machine. Only where the domain has at least SPLIT_MIN_ELEMENTS elements (below,
+# the kernel runs on one thread anyway and the extra combine would only cost).
+REDUCTION_PARTS = 8
+SPLIT_MIN_ELEMENTS = 1 << 16
+
+
+def split_axis(domain: tuple[int, ...] | list[int], axes: set[int] | tuple[int, ...]
+               ) -> int | None:
+    """The axis of a reduction's `domain` that the CPU backend cuts into REDUCTION_PARTS parts
+    (see there), or None where it runs the reduction as one kernel."""
+    first = next((d for d, n in enumerate(domain) if n != 1), None)
+    if first is None or first not in axes:
+        return None
+    n, size = domain[first], 1
+    for extent in domain:
+        size *= extent
+    if n % REDUCTION_PARTS or n < 2 * REDUCTION_PARTS or size < SPLIT_MIN_ELEMENTS:
+        return None
+    return first

@@ -353,20 +353,27 @@ def test_every_layer_counts_the_cores_this_process_may_use(monkeypatch):
 
 
 def test_a_full_reduction_runs_on_one_core():
-    """The CPU backend splits an outermost kept axis among threads; a full reduction, or one
-    whose outermost axis is reduced (a column sum), runs on one core."""
+    """The CPU backend splits an outermost kept axis among threads, and cuts a reduction whose
+    outermost axis is reduced (a column sum, a full sum) into parts the threads share where
+    that axis has a multiple of REDUCTION_PARTS rows and the domain SPLIT_MIN_ELEMENTS
+    elements; the rest runs on one core."""
     x = f32[1024, 1024]
     model = Roofline("two cores", peak_flops=100e9, bandwidth=20e9, launch=0.0, cores=2,
                      serial_work=2**20)
     rows = work("sum", {"axes": (1,)}, [x], [f32[1024]])
     cols = work("sum", {"axes": (0,)}, [x], [f32[1024]])
     whole = work("sum", {"axes": (0, 1)}, [x], [f32[()]])
-    assert not rows.one_core and cols.one_core and whole.one_core
+    assert not rows.one_core and not cols.one_core and not whole.one_core
+    odd = f32[1023, 1024]
+    assert work("sum", {"axes": (0,)}, [odd], [f32[1024]]).one_core
+    assert work("sum", {"axes": (0, 1)}, [odd], [f32[()]]).one_core
     assert work("sum", {"axes": (1,)}, [f32[1, 1024]], [f32[1]]).one_core
     assert not work("sum", {"axes": (0,)}, [f32[1, 1024, 8]], [f32[1024, 8]]).one_core
-    cube = f32[8, 64, 32]
+    cube = f32[8, 64, 32]  # 16k elements: too few to cut
     assert not work("sum", {"axes": (1, 2)}, [cube], [f32[8]]).one_core
     assert work("sum", {"axes": (0, 1)}, [cube], [f32[32]]).one_core
     assert work("sum", {"axes": (0, 2)}, [cube], [f32[64]]).one_core
+    big = f32[64, 64, 32]
+    assert not work("sum", {"axes": (0, 2)}, [big], [f32[64]]).one_core
     assert model.seconds(Work(1e10, 1e6, 1, one_core=True)) == pytest.approx(
         2 * model.seconds(Work(1e10, 1e6, 1)), rel=1e-3)

@@ -51,8 +51,9 @@ def lower(module: Module) -> tuple[str, dict[str, Plan]]:
     from llvmlite import ir
 
     from .entry import emit_module, plan_module
+    from .reductions import split_reductions
 
-    module = unfuse_module(module, only=_retypes)
+    module = split_reductions(unfuse_module(module, only=_retypes))
     plans = plan_module(module)
     llmod = ir.Module(name=module.name)
     llmod.triple = jit.host()[0]

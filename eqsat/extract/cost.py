@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ..errors import Error
-from ..host import PARALLEL_MIN_WORK, usable_cores
+from ..host import PARALLEL_MIN_WORK, split_axis, usable_cores
 from ..ir.fused import body_flops, compute_dtype, domain
 from ..ir.module import Function, Module
 from ..ir.op_costs import element_cost
@@ -90,12 +90,15 @@ def elementwise_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
 
 def one_thread(domain: Sequence[int], axes: Sequence[int]) -> bool:
     """Whether a reduction over `axes` of `domain` runs on one thread. The CPU backend
-    (`llvm_kernels.reduce_kernel`) splits an outermost kept axis among threads; a full
-    reduction, or one whose outermost axis is reduced (a column sum), runs on one core.
-    Measured (1024x1024 f32, 2 cores): a fused full sum of tanh(x) took 260 us against 229 as
-    tanh on both cores and then the sum."""
+    (`llvm_kernels.reduce_kernel`) splits an outermost kept axis among threads, and cuts one
+    whose outermost axis is reduced (a column sum, a full sum) into parts the threads share
+    where `host.split_axis` says so (backend/reductions.py); the rest, small or with an odd
+    outer extent, runs on one core. Measured (1024x1024 f32, 2 cores): a fused full sum of
+    tanh(x) took 260 us on one core against 229 as tanh on both cores and then the sum."""
     reduced = [d in axes for d, n in enumerate(domain) if n != 1]
-    return not reduced or reduced[0]
+    if not reduced:
+        return True
+    return reduced[0] and split_axis(tuple(domain), set(axes)) is None
 
 
 def reduction_work(op: str, attrs: Attrs, ins: Types, outs: Types) -> Work:
