@@ -231,6 +231,28 @@ def test_reductions_over_every_axis_set(dtype: DType) -> None:
     assert_matches(got, want, ulps=8, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [DType.f32, DType.f64], ids=str)
+def test_sums_of_negative_zeros_are_positive_zero(dtype: DType) -> None:
+    """numpy's sum starts from +0.0, so a sum of -0.0s is +0.0 whatever the count; under the
+    nsz flag LLVM folded 0.0 + x to x where one element reaches each output (a length-1 axis,
+    no axes, a scalar), giving -0.0 there."""
+    cases = [((1,), [0]), ((1, 1), [0, 1]), ((3, 1), [1]), ((2,), []), ((), []), ((4, 5), [1]),
+             ((5000,), [0])]
+    lines, results, args = [], [], []
+    for k, (shape, axes) in enumerate(cases):
+        kept = ",".join(str(d) for i, d in enumerate(shape) if i not in axes)
+        lines.append(f"  %s{k} = sum %x{k}, axes={axes} : {dtype}[{kept}]")
+        results.append((f"%s{k}", f"{dtype}[{kept}]"))
+        args.append(np.full(shape, -0.0, dtype.np))
+    params = ", ".join(f"%x{k}: {dtype}[{','.join(map(str, s))}]" for k, (s, _) in enumerate(cases))
+    text = (f"func @f({params}) -> ({', '.join(t for _, t in results)}) {{\n" + "\n".join(lines)
+            + f"\n  return {', '.join(n for n, _ in results)}\n}}")
+    got, want = run_both(parse(text), "f", *args)
+    for g, w in zip(got, want):
+        assert not np.signbit(w).any()
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+
+
 
 @pytest.mark.parametrize("dtype", [DType.f32, DType.f64], ids=str)
 def test_vectorized_max_and_min_propagate_nan_from_any_lane(dtype: DType) -> None:

@@ -314,7 +314,9 @@ def concat(kb: KernelBuilder, s: Stmt, ins: Sequence[TensorType]) -> Kernel:
 
 # ---------------------------------------------------------------- reductions
 
-_FLOAT_COMBINE = {"sum": lambda b, a, x: b.fadd(a, x, flags=("reassoc", "nsz")),
+# Sums carry no nsz: numpy's start from +0.0, and under nsz LLVM folds 0.0 + x to x, so a sum
+# of one -0.0 would stay -0.0. Max and min do (numpy's own order the zeros as they meet them).
+_FLOAT_COMBINE = {"sum": lambda b, a, x: b.fadd(a, x, flags=("reassoc",)),
                   "max": lambda b, a, x: intrinsic(b, "maximum", a, x, flags=("nsz",)),
                   "min": lambda b, a, x: intrinsic(b, "minimum", a, x, flags=("nsz",))}
 _INT_COMBINE = {"sum": lambda b, a, x: b.add(a, x),
