@@ -390,14 +390,12 @@ def reduce_kernel(kb: KernelBuilder, name: str, op: str, domain: Sequence[int], 
     ident = _identity(op, dtype)
     size = math.prod(domain)
     # Threads may split the outermost loop when it is a kept axis with loops inside it. A sum
-    # down the columns of a matrix (reduced rows outside, kept columns inside) runs on one
-    # thread, walking the rows in memory order. Split by columns, every thread walked every row
-    # for its part of it: on a quiet machine (2 cores, interleaved runs) a 4096x1024 f32 column
-    # sum took 0.76-0.87 ms on two threads against 0.38-0.49 on one, 1024x1024 130-167 against
-    # 54-66 us, and 16 columns of 65536 rows, where both threads stored into one cache line of
-    # the output on every row, 2.7 ms against 62 us. A costly body loses: tanh(exp(x)) summed
-    # down 1024x1024 took 350-410 us split against 550 (threads each adding their rows into a
-    # partial row of their own would serve both).
+    # down the columns of a matrix (reduced rows outside, kept columns inside) walks the rows in
+    # memory order in one unit: split by columns, every thread walked every row for its part of
+    # it (4096x1024 f32: 0.76-0.87 ms on two threads against 0.38-0.49 on one; 16 columns of
+    # 65536 rows, both threads storing into one cache line of the output on every row, 2.7 ms
+    # against 62 us). Lowering has already cut the large ones into parts along their rows
+    # (reductions.py), whose outermost axis is then a kept one.
     split = len(dims) > 1 and dims[0][1][0] != 0 and size > 0
     if split:
         row = i64(dims[0][1][0])
