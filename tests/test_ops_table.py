@@ -239,9 +239,30 @@ def check_module(m: Module, args: tuple[np.ndarray, ...]) -> None:
                 wants = reference_call(m, s.attr["callee"], ins)
             else:
                 wants = [REFERENCE[s.op][1](ins, s.attr, s.type)]
+        if ill_conditioned(s, ins, wants):
+            continue
         for r, want, t in zip(s.results, wants, s.types):
             assert_like(env[r], want, t, s.op, f"%{r} = {s.op} in\n{text}",
                         error_scale(s.op, ins))
+
+
+def ill_conditioned(s: eqsat.ir.Stmt, ins: list[np.ndarray], wants: list[np.ndarray]) -> bool:
+    """Whether a kernel body over a sum of products turns its rounding into a different
+    answer: the reference on operands moved by one ulp disagrees with itself (a drawn body
+    abs(cos(pow($0, $0))) on a product: pow of a negative sum is NaN or not as the sum rounds,
+    cos of a huge power loses every digit). No implementation can match such a statement."""
+    if s.op not in ACCUMULATING or "fused" not in OPS[s.op].traits:
+        return False
+    moved = [np.nextafter(x, np.inf) if x.dtype.kind == "f" else x for x in ins]
+    with np.errstate(all="ignore"):
+        again = REFERENCE[s.op][1](moved, s.attr, s.type)
+    for want, t in zip(wants, s.types):
+        try:
+            assert_like(np.asarray(again).astype(t.dtype.np), want, t, s.op, "",
+                        error_scale(s.op, ins))
+        except AssertionError:
+            return True
+    return False
 
 
 # ---------------------------------------------------------------- the table itself
