@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 MAX_THREADS = 16  # the CPU backend's pool never starts more threads than this
@@ -41,9 +42,7 @@ def split_axis(domain: tuple[int, ...] | list[int], axes: set[int] | tuple[int, 
     first = next((d for d, n in enumerate(domain) if n != 1), None)
     if first is None or first not in axes:
         return None
-    n, size = domain[first], 1
-    for extent in domain:
-        size *= extent
-    if n % REDUCTION_PARTS or n < 2 * REDUCTION_PARTS or size < SPLIT_MIN_ELEMENTS:
+    n = domain[first]
+    if n % REDUCTION_PARTS or n < 2 * REDUCTION_PARTS or math.prod(domain) < SPLIT_MIN_ELEMENTS:
         return None
     return first

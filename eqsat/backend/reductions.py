@@ -21,11 +21,8 @@ from __future__ import annotations
 from ..host import REDUCTION_PARTS, split_axis
 from ..ir.fused import domain as broadcast_domain
 from ..ir.module import Function, Module, Names, Stmt
-from ..ir.ops import OPS, OpTypeError
+from ..ir.ops import OPS, OpTypeError, ops_in
 from ..ir.types import TensorType
-
-# the reductions whose results a second reduction of the same kind combines
-_REDUCERS = frozenset(("sum", "max", "min"))
 
 
 def split_reductions(module: Module) -> Module:
@@ -52,9 +49,10 @@ def _split_function(f: Function) -> Function:
 
 def _cut(s: Stmt, types: dict[str, TensorType]) -> tuple[tuple[int, ...], int, str] | None:
     """(the domain, the axis to cut, the reducer) of a reduction to split, else None."""
-    if s.op in _REDUCERS:
+    # every reduction's partial results are combined by a second reduction of its kind
+    if s.op in ops_in("reduce"):
         dom, reducer = types[s.operands[0]].shape, s.op
-    elif s.op == "map_reduce" and s.attr["reduce"] in _REDUCERS:
+    elif s.op == "map_reduce":
         dom, reducer = broadcast_domain([types[o] for o in s.operands]), s.attr["reduce"]
     else:
         return None

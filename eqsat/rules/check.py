@@ -409,7 +409,8 @@ SMALLER_DRAWS = 30
 
 def _try_seed(rule: Rule, seed: int, ieee: bool) -> tuple[bool, UnsoundRule | None]:
     """Instantiate `rule` from `seed` and compare its sides: whether an instance was found,
-    and the error (with `.elements`, its inputs' total size) where the sides differ."""
+    and the error (with `.elements`, its inputs' total size, and `.ill_typed`) where they
+    differ."""
     rng = random.Random(seed)
     for _ in range(_ATTEMPTS):
         try:
@@ -418,18 +419,14 @@ def _try_seed(rule: Rule, seed: int, ieee: bool) -> tuple[bool, UnsoundRule | No
         except _Reject:
             continue
         except _IllTyped as e:
-            return False, _unsound(f"rule {rule.name}: the right-hand side is ill-typed: {e}\n"
-                                   f"  counterexample: "
-                                   f"{_describe(e.module['lhs'], e.arrays, e.inst)}", e.arrays)
+            return False, _ill_typed(rule, str(e), e.module["lhs"], e.arrays, e.inst)
     else:
         return False, None
     try:
         verify(module)
     except Error as e:
         why = e.message if isinstance(e, LocatedError) else str(e)  # in no text of theirs
-        return True, _unsound(f"rule {rule.name}: the right-hand side is ill-typed: {why}\n"
-                              f"  counterexample: {_describe(module['lhs'], arrays, inst)}",
-                              arrays)
+        return True, _ill_typed(rule, why, module["lhs"], arrays, inst)
     (left,) = interpret_function(module, "lhs", *arrays)
     (right,) = interpret_function(module, "rhs", *arrays)
     with np.errstate(all="ignore"):
@@ -441,13 +438,19 @@ def _try_seed(rule: Rule, seed: int, ieee: bool) -> tuple[bool, UnsoundRule | No
     if not _close(left, right, scale):
         return True, _unsound(f"rule {rule.name} is unsound: {rule}\n  counterexample: "
                               f"{_describe(module['lhs'], arrays, inst)}\n  left side gives "
-                              f"{_fmt(left)}\n  right side gives {_fmt(right)}", arrays)
+                              f"{_fmt(left)}\n  right side gives {_fmt(right)}", arrays, False)
     return True, None
 
 
-def _unsound(message: str, arrays: list[np.ndarray]) -> UnsoundRule:
+def _ill_typed(rule: Rule, why: str, lhs: Function, arrays: list[np.ndarray],
+               inst: _Instance | None) -> UnsoundRule:
+    return _unsound(f"rule {rule.name}: the right-hand side is ill-typed: {why}\n"
+                    f"  counterexample: {_describe(lhs, arrays, inst)}", arrays, True)
+
+
+def _unsound(message: str, arrays: list[np.ndarray], ill_typed: bool) -> UnsoundRule:
     err = UnsoundRule(message)
-    err.elements = sum(a.size for a in arrays)
+    err.elements, err.ill_typed = sum(a.size for a in arrays), ill_typed
     return err
 
 
@@ -457,12 +460,11 @@ def _smaller(rule: Rule, first: UnsoundRule, ieee: bool) -> UnsoundRule:
     the same way: a 2-element counterexample reads better than a 27-element one."""
     best = first
     rng = random.Random(getattr(first, "seed", 0))
-    kind = "ill-typed" in str(first).split("\n")[0]
     for _ in range(SMALLER_DRAWS):
         if best.elements <= 1:
             break
         _, err = _try_seed(rule, rng.getrandbits(32), ieee)
-        if err is not None and ("ill-typed" in str(err).split("\n")[0]) == kind \
+        if err is not None and err.ill_typed == first.ill_typed \
                 and err.elements < best.elements:
             best = err
     return best
