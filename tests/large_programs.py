@@ -24,7 +24,8 @@ import eqsat
 from eqsat.backend import entry
 from eqsat.ir import DType, Function, GradDecl, Module, TensorType
 from eqsat.ir import dsl
-from eqsat.ir.dsl_trace import Tracer, tracing
+from eqsat.ir.dsl_trace import tracing
+from eqsat.ir.dsl_tracer import Tracer
 
 # Odd sizes and tails matter: f32 GEMM tiles are 6 x 64 (f64 6 x 32), chunking needs >= 16 rows.
 DIMS = (1, 7, 16, 17, 63, 64, 65, 100, 128, 130, 257, 300)

@@ -11,8 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from .dsl_trace import (Tracer, active_trace, as_tracer, broadcast_shape, broadcast_to_type,
-                        constant, describe, emit, index, lift, literal, trace_error, true_divide)
+from .dsl_trace import (active_trace, as_tracer, broadcast_shape, broadcast_to_type, constant,
+                        describe, emit, index, lift, literal, trace_error, true_divide)
+from .dsl_tracer import Tracer
 from .ops import broadcastable
 from .types import DTYPES, DType
 

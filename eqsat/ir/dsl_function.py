@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..errors import Error, InterpretError, UnknownFunction
-from .dsl_trace import (Tracer, active_trace, constant, current_trace, describe, literal,
-                        trace_error, tracing)
+from .dsl_trace import (active_trace, constant, current_trace, describe, literal, trace_error,
+                        tracing)
+from .dsl_tracer import Tracer
 from .interpreter import bind_arguments, interpret
 from .module import Function, GradDecl, Item, Module, Param, Stmt, _expand
 from .printer import format_function, format_grad_decl

@@ -10,7 +10,8 @@ import math
 from typing import Any
 
 from . import dsl_array
-from .dsl_trace import Tracer, as_tracer, trace_error, unary
+from .dsl_trace import as_tracer, trace_error, unary
+from .dsl_tracer import Tracer
 
 
 def float_operand(x: Any, what: str, axes: bool = True) -> Tracer:

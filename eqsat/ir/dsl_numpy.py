@@ -11,7 +11,8 @@ from typing import Any
 
 from . import dsl_array
 from . import dsl_trace
-from .dsl_trace import UFUNC_HANDLERS, Tracer, binary, unary
+from .dsl_trace import binary, unary
+from .dsl_tracer import UFUNC_HANDLERS, Tracer
 from .ops import BINARY, COMPARE, OPS, UNARY
 
 # IR op name -> numpy's name, where they differ. `div` is left out: numpy's `divide` is true
