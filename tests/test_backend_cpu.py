@@ -1,14 +1,10 @@
-"""The CPU backend against the interpreter: every op, every dtype, calls, fused ops, input
-checking, the LLVM IR it emits, threads, and the caches."""
+"""The CPU backend's results against the interpreter, op by op: random programs (core ops,
+calls, entries cut into out-of-line parts, fused ops), every elementwise op and cast on the edge
+values of every dtype, layout ops, reductions over every axis set (NaN and signed zeros), and
+matmuls."""
 
 from __future__ import annotations
 
-import copy
-import os
-import pickle
-import signal
-import threading
-import time
 from unittest import mock
 
 import numpy as np
@@ -17,46 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import eqsat
-from eqsat.backend import LoweringError, compile_module, cpu, emit_llvm, entry
-from eqsat.backend.entry import plan_module
-from eqsat.backend.llvm_kernels import KernelBuilder, build_kernel
-from eqsat.ir import DType, Stmt, parse
+from eqsat.backend import compile_module, entry
+from eqsat.ir import DType, parse
 from eqsat.ir.ops import BINARY, COMPARE, CORE_OPS, OPS, UNARY
 from eqsat.testing import default_ops, functions, inputs, modules
+
+from cpu_helpers import assert_matches, compiled, run_both
 
 SETTINGS = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 FUSED = sorted(set(default_ops()) - CORE_OPS)
-
-
-def compiled(text: str):
-    """Compile module text without touching the disk cache."""
-    return compile_module(parse(text), cache_dir=None)
-
-
-def assert_matches(got, want, ulps: int = 4, rtol: float = 0.0, atol: float = 0.0) -> None:
-    """Integers and bools exactly; floats within `ulps` units in the last place (plus `rtol`
-    and `atol`, for sums in another order), NaN where the interpreter has NaN."""
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    assert len(got) == len(want)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape
-        if w.dtype.kind != "f":
-            np.testing.assert_array_equal(g, w)
-            continue
-        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
-        finite = np.isfinite(w)
-        np.testing.assert_array_equal(g[~finite & ~np.isnan(w)], w[~finite & ~np.isnan(w)])
-        tiny = np.finfo(w.dtype).tiny
-        err = np.abs(g[finite].astype(np.float64) - w[finite])
-        tol = ulps * np.spacing(np.abs(w[finite])) + rtol * np.abs(w[finite]) + ulps * tiny + atol
-        assert np.all(err <= tol), f"max error {err.max()} > tolerance"
-
-
-def run_both(module, name: str, *args):
-    exe = compile_module(module, cache_dir=None)
-    return exe(name, *args), eqsat.interpret(module, name, *args)
 
 
 # ---------------------------------------------------------------- hypothesis: random programs
@@ -253,7 +219,6 @@ def test_sums_of_negative_zeros_are_positive_zero(dtype: DType) -> None:
         np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
 
 
-
 @pytest.mark.parametrize("dtype", [DType.f32, DType.f64], ids=str)
 def test_vectorized_max_and_min_propagate_nan_from_any_lane(dtype: DType) -> None:
     """Rows long enough for the vector accumulators: a NaN in any lane or any step of the
@@ -270,6 +235,7 @@ def test_vectorized_max_and_min_propagate_nan_from_any_lane(dtype: DType) -> Non
     got, want = run_both(parse(text), "f", x)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
 
 @pytest.mark.parametrize("dtype", [DType.f32, DType.f64, DType.i32, DType.i64], ids=str)
 @pytest.mark.parametrize("shapes", [((5, 3), (3, 7)), ((2, 3, 4), (2, 4, 1)),
@@ -309,206 +275,3 @@ func @f(%a: {f(sa)}, %b: {f(sb)}, %bias: f64[{n}]) -> ({f((m_, n))}, {f((m_, n))
     args = [rng.standard_normal(s) for s in (sa, sb, (n,))]
     got, want = run_both(m, "f", *args)
     assert_matches(got, want, ulps=16, rtol=1e-12)
-
-
-# ---------------------------------------------------------------- calls, results, inputs
-
-
-def test_calls_multiple_results_and_returned_params() -> None:
-    m = parse("""module @m
-func @g(%x: f64[4], %y: f64[4]) -> (f64[4], f64[4]) {
-  %s = add %x, %y : f64[4]
-  %d = sub %x, %y : f64[4]
-  return %s, %d
-}
-func @f(%x: f64[4], %y: f64[4]) -> (f64[4], f64[4], f64[4], f64[2,2], f64[4]) {
-  %a, %b = call @g(%x, %y) : f64[4], f64[4]
-  %c, %d = call @g(%a, %b) : f64[4], f64[4]
-  %r = reshape %c : f64[2,2]
-  return %c, %x, %c, %r, %d
-}""")
-    x, y = np.arange(4.0), np.array([1.0, -2.0, 0.5, 3.0])
-    exe = compile_module(m, cache_dir=None)
-    got = exe.f(x, y)
-    assert_matches(got, eqsat.interpret(m, "f", x, y), ulps=0)
-    assert got[1] is not x and not np.shares_memory(got[0], got[2])
-    assert_matches(exe("g", x, y), eqsat.interpret(m, "g", x, y), ulps=0)
-
-
-def test_input_checking_and_fresh_outputs() -> None:
-    exe = compiled("module @m\nfunc @f(%x: f32[2,3]) -> f32[3,2] {\n"
-                   "  %t = transpose %x, perm=[1,0] : f32[3,2]\n  return %t\n}")
-    x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    with pytest.raises(eqsat.Error, match="shape"):
-        exe.f(np.zeros((3, 2), np.float32))
-    with pytest.raises(eqsat.Error, match="float64"):
-        exe.f(x.astype(np.float64))
-    with pytest.raises(eqsat.Error, match="argument"):
-        exe.f(x, x)
-    with pytest.raises(eqsat.Error, match="no function @g"):
-        exe("g", x)
-    with pytest.raises(eqsat.UnknownFunction, match="no function @g; it has @f"):
-        exe.g  # an eqsat.Error and an AttributeError, so hasattr works:
-    assert not hasattr(exe, "g") and getattr(exe, "g", None) is None and hasattr(exe, "f")
-    wide = np.arange(12, dtype=np.float32).reshape(2, 6)[:, ::2]  # not contiguous
-    np.testing.assert_array_equal(exe.f(wide), wide.T)
-    r1, r2 = exe.f(x), exe.f(x)
-    assert r1 is not r2 and not np.shares_memory(r1, r2)
-    # below runtime.STREAM_MIN a result is a plain array of its own (resize works); only a
-    # result kernels may stream into is a view at a cache-line boundary
-    assert r1.flags.owndata
-    r1.resize(6)
-
-
-def test_executables_pickle_and_copy() -> None:
-    """An executable goes to a worker process (multiprocessing pickles it) or through
-    copy.deepcopy as its module, compiled again there; ctypes pointers refused pickling."""
-    exe = eqsat.compile(eqsat.parse("func @f(%x: f32[3]) -> f32[3] {\n  %y = exp %x : f32[3]\n"
-                                    "  return %y\n}"), optimize=False)
-    x = np.array([0.5, -1.0, 2.0], np.float32)
-    for copied in (pickle.loads(pickle.dumps(exe)), copy.deepcopy(exe), copy.copy(exe)):
-        assert copied.module == exe.module and copied.key == exe.key
-        np.testing.assert_array_equal(copied.f(x), exe.f(x))
-    # `pool.map(exe.f, batches)` pickles the function: it was a lambda (AttributeError)
-    np.testing.assert_array_equal(pickle.loads(pickle.dumps(exe.f))(x), exe.f(x))
-
-
-def test_gradient_declarations_are_refused() -> None:
-    m = parse("module @m\nfunc @f(%x: f32[]) -> f32[] {\n  %y = mul %x, %x : f32[]\n"
-              "  return %y\n}\nfunc @g = grad @f wrt %x")
-    with pytest.raises(eqsat.Error, match="differentiate"):
-        compile_module(m, cache_dir=None)
-
-
-def test_dispatcher_names_the_op_it_cannot_lower() -> None:
-    from llvmlite import ir
-
-    s = Stmt(("r",), "call", ("x",), (("callee", "g"),), (DType.f32[2],))
-    with pytest.raises(LoweringError, match="'call'"):
-        build_kernel(KernelBuilder(ir.Module()), s, [DType.f32[2]])
-
-
-# ---------------------------------------------------------------- generated code
-
-
-CHAIN = """module @m
-func @f(%x: f32[4096], %w: f32[4096], %b: f32[4096]) -> f32[4096] {
-  %0 = mul %x, %w : f32[4096]
-  %1 = add %0, %b : f32[4096]
-  %2 = tanh %1 : f32[4096]
-  %3 = sigmoid %x : f32[4096]
-  %4 = mul %2, %3 : f32[4096]
-  %5 = sum %4, axes=[0] : f32[]
-  %6 = broadcast %5 : f32[4096]
-  %7 = div %4, %6 : f32[4096]
-  return %7
-}"""
-
-
-def test_llvm_ir_is_vectorized() -> None:
-    text = emit_llvm(parse(CHAIN))
-    assert "define void @\"eqsat.fn.f\"" in text or "define void @eqsat.fn.f" in text
-    assert "<16 x float>" in text or "<8 x float>" in text
-    assert "fadd reassoc" in text  # the sum's vector accumulator
-    assert "@tanhf" not in text and "@llvm.tanh" not in text  # no scalar libm in the loop
-
-
-def test_arena_reuses_dead_buffers() -> None:
-    # Larger than entry.KEEP_SMALL: small buffers are deliberately never reused.
-    lines = [f"  %{i + 1} = exp %{i if i else 'x'} : f64[40000]" for i in range(10)]
-    text = ("module @m\nfunc @f(%x: f64[40000]) -> f64[40000] {\n" + "\n".join(lines)
-            + "\n  return %10\n}")
-    m = parse(text)
-    plan = plan_module(m)["f"]
-    assert plan.arena_bytes <= 2 * 320064  # ten intermediates, two buffers in turn
-    got, want = run_both(m, "f", np.linspace(-1, 1, 40000))
-    assert_matches(got, want, ulps=8)
-
-
-def test_threads_split_large_kernels_without_wrong_answers() -> None:
-    m = parse("""module @m
-func @f(%x: f32[1024,2048], %y: f32[1024,2048], %a: i32[512,64], %b: i32[64,64]) -> (f32[1024,2048], f32[1024], f32[2048,1024], i32[512,64]) {
-  %m = mul %x, %y : f32[1024,2048]
-  %s = sum %m, axes=[1] : f32[1024]
-  %t = transpose %m, perm=[1,0] : f32[2048,1024]
-  %p = matmul %a, %b : i32[512,64]
-  return %m, %s, %t, %p
-}""")
-    assert "eqsat_parallel" in emit_llvm(m)  # the thread pool (parallel.py)
-    rng = np.random.default_rng(4)
-    args = [rng.standard_normal((1024, 2048)).astype(np.float32) for _ in range(2)]
-    args += [rng.integers(-100, 100, s).astype(np.int32) for s in ((512, 64), (64, 64))]
-    exe = compile_module(m, cache_dir=None)
-    want = eqsat.interpret(m, "f", *args)
-    results: list = [None] * 3
-
-    def work(i: int) -> None:
-        results[i] = exe.f(*args)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for got in results:
-        # The row sums of 2048 products cancel: an absolute tolerance scaled to their terms.
-        assert_matches(got, want, ulps=8, rtol=1e-5, atol=1e-2)
-
-
-# ---------------------------------------------------------------- caches
-
-
-def test_disk_cache_hit_is_faster(tmp_path) -> None:
-    m = parse(CHAIN.replace("4096", "4097"))
-    cpu._memory.pop(cpu.cache_key(m), None)
-    t0 = time.perf_counter()
-    exe1 = compile_module(m, cache_dir=tmp_path)
-    cold = time.perf_counter() - t0
-    assert list(tmp_path.glob("*.o"))
-    cpu._memory.pop(cpu.cache_key(m), None)
-    t0 = time.perf_counter()
-    exe2 = compile_module(m, cache_dir=tmp_path)
-    warm = time.perf_counter() - t0
-    assert warm < cold
-    x = np.linspace(-2, 2, 4097, dtype=np.float32)
-    np.testing.assert_array_equal(exe1.f(x, x, x), exe2.f(x, x, x))
-    t0 = time.perf_counter()
-    compile_module(m, cache_dir=tmp_path)  # the memory cache
-    assert time.perf_counter() - t0 < warm + 0.01
-
-
-@pytest.mark.parametrize("lock", ["compile", "llvmlite"])
-def test_a_child_forked_while_another_thread_compiles_can_compile(lock: str) -> None:
-    """A child forked while another thread held the compile lock (or llvmlite's, freeing an
-    engine) inherited it held by no thread: its first eqsat.compile hung for good (a
-    multiprocessing pool started beside a compiling thread). Fork now waits for both."""
-    import llvmlite.binding as llvm
-
-    held_lock = cpu._lock if lock == "compile" else llvm.ffi.lib._lock
-    m = parse(f"module @forked_{lock}\nfunc @f(%x: f32[4]) -> f32[4] {{\n"
-              "  %y = sqrt %x : f32[4]\n  return %y\n}")
-    held = threading.Event()
-
-    def compiling() -> None:
-        with held_lock:
-            held.set()
-            time.sleep(0.3)
-
-    t = threading.Thread(target=compiling)
-    t.start()
-    held.wait()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        signal.alarm(20)
-        x = np.array([0.0, 1.0, 4.0, 9.0], np.float32)
-        ok = np.array_equal(compile_module(m, cache_dir=None).f(x), np.sqrt(x))
-        os._exit(0 if ok else 3)
-    t.join()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
-
-
-def test_dir_lists_the_functions():
-    exe = eqsat.compile(eqsat.parse("func @first(%x: f32[2]) -> f32[2] {\n  %y = neg %x : f32[2]\n"
-                                    "  return %y\n}"), optimize=False)
-    assert "first" in dir(exe) and "functions" in dir(exe)

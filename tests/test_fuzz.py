@@ -16,8 +16,8 @@ from eqsat.ir.ops import ops_with
 from eqsat.testing import default_ops, functions, inputs, modules
 from eqsat.testing.equivalence import assert_equivalent
 
+from cpu_helpers import assert_matches, run_both
 from test_ad import _inner_product as inner_product_check
-from test_backend_cpu import assert_matches, run_both
 
 pytestmark = pytest.mark.slow
 FUZZ = settings(max_examples=1500, deadline=None,

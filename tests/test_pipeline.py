@@ -14,7 +14,7 @@ import eqsat
 from eqsat.ir import DType
 from eqsat.testing import inputs, modules
 
-from test_backend_cpu import assert_matches
+from cpu_helpers import assert_matches
 
 
 def example(name: str) -> eqsat.Module:
