@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import assume
+from hypothesis import strategies as st
 
 from eqsat.ad import differentiate
 from eqsat.ir import Function, GradDecl, Module, interpret
@@ -98,3 +100,19 @@ def inner_product_gap(module: Module, name: str, args: list[np.ndarray],
         return None
     lhs = float(sum(np.sum(tangents[w] * c) for w, c in zip(wrt, cotangents)))
     return lhs, estimates[1], scale
+
+
+def check_inner_product(data: st.DataObject, m: Module, name: str) -> None:
+    """The inner-product test of `name`'s gradient on inputs drawn away from 0 (where relu and
+    abs bend), for hypothesis tests that draw the program."""
+    f = m[name]
+    assume(any(p.type.dtype.is_float for p in f.params))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    args = [rng.uniform(0.2, 1.5, p.type.shape) * rng.choice([-1.0, 1.0], p.type.shape)
+            if p.type.dtype.is_float else rng.integers(-3, 4, p.type.shape).astype(p.type.dtype.np)
+            for p in f.params]
+    args = [a.astype(p.type.dtype.np) for a, p in zip(args, f.params)]
+    gap = inner_product_gap(m, name, args, rng)
+    assume(gap is not None)
+    lhs, rhs, scale = gap
+    assert abs(lhs - rhs) <= 1e-5 * (abs(lhs) + abs(rhs) + 1.0), (lhs, rhs, str(m))

@@ -16,8 +16,8 @@ from eqsat.ir.ops import ops_with
 from eqsat.testing import default_ops, functions, inputs, modules
 from eqsat.testing.equivalence import assert_equivalent
 
+from ad_helpers import check_inner_product
 from cpu_helpers import assert_matches, run_both
-from test_ad import _inner_product as inner_product_check
 
 pytestmark = pytest.mark.slow
 FUZZ = settings(max_examples=1500, deadline=None,
@@ -54,4 +54,4 @@ def test_optimized_equals_interpreter(m):
 def test_gradients_inner_product(data):
     ops = sorted((ops_with("differentiable") & default_ops()) | {"gt"})
     f = data.draw(functions(ops=ops, dtypes=[DType.f64], max_stmts=12))
-    inner_product_check(data, Module(f), f.name)
+    check_inner_product(data, Module(f), f.name)

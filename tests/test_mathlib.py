@@ -24,8 +24,8 @@ from llvmlite import ir
 from eqsat.backend import mathlib, mathlib_emit, mathlib_fit
 from eqsat.backend.mathlib_jit import Kernel, kernel
 from eqsat.errors import Error
+from math_helpers import MAX_ULP_TRUE, ulp_distance
 
-MAX_ULP_TRUE = 2
 MAX_ULP_NUMPY = 4
 SIGMOID_ULP_NUMPY = 6
 N_RANDOM = 1 << 20
@@ -54,21 +54,6 @@ NUMPY = {
     "rsqrt": lambda x: _one(x.dtype) / np.sqrt(x),
     "recip": lambda x: _one(x.dtype) / x,
 }
-
-
-def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Number of representable floats between a and b (0 for two NaNs, inf for one NaN)."""
-    u_a = a.view(np.uint32 if a.dtype == np.float32 else np.uint64)
-    u_b = b.view(u_a.dtype)
-    top = u_a.dtype.type(1) << u_a.dtype.type(8 * a.itemsize - 1)
-    # map the sign-magnitude bit patterns onto one monotone unsigned scale
-    o_a = np.where(u_a & top, ~u_a, u_a | top)
-    o_b = np.where(u_b & top, ~u_b, u_b | top)
-    d = np.where(o_a >= o_b, o_a - o_b, o_b - o_a).astype(np.float64)
-    nan_a, nan_b = np.isnan(a), np.isnan(b)
-    d[nan_a & nan_b] = 0
-    d[nan_a ^ nan_b] = np.inf
-    return d
 
 
 def true_value(name: str, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:

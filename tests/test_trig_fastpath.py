@@ -15,7 +15,7 @@ import pytest
 import eqsat
 from eqsat.backend import mathlib, mathlib_trig
 from eqsat.backend.mathlib_jit import kernel
-from test_mathlib import MAX_ULP_TRUE, ulp_distance
+from math_helpers import MAX_ULP_TRUE, ulp_distance
 
 DTYPES = ["float32", "float64"]
 NAMES = ["sin", "cos"]
