@@ -19,6 +19,7 @@ from ..ir.module import Function, Module
 from ..ir.ops import OPS
 from ..rules.fusion_pass import CREATES
 from ..rules.lang import Node, Pattern, RuleSet
+from ..rules.runner import ranked
 
 # Ops that only optimization makes and that run as one kernel of several core ops.
 FUSED_OPS = frozenset(name for name, d in OPS.items() if "fused" in d.traits)
@@ -108,7 +109,7 @@ class OptimizeReport:
         return sum(self.seconds.values())
 
     def __str__(self) -> str:
-        fired = [(k, v) for k, v in self.fired.most_common() if v > 0]
+        fired = ranked(self.fired)
         lines = [
             f"optimize: target {self.target}, extraction {self.method}, "
             f"{self.total_seconds:.3f}s ("

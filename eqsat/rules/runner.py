@@ -16,6 +16,7 @@ import numbers
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -97,6 +98,12 @@ class Round:
     matches: dict[str, int]
 
 
+def ranked(fired: Mapping[str, int]) -> list[tuple[str, int]]:
+    """Rules that fired, most often first and ties by name: egglog hands back its counts in
+    hash order, and a report should read the same from one run to the next."""
+    return sorted(((k, v) for k, v in fired.items() if v > 0), key=lambda kv: (-kv[1], kv[0]))
+
+
 @dataclass
 class Report:
     """Why saturation stopped, the size after each round, and how often each rule fired."""
@@ -118,7 +125,7 @@ class Report:
         return self.sizes[-1]
 
     def __str__(self) -> str:
-        top = ", ".join(f"{k}={v}" for k, v in self.fired.most_common(8))
+        top = ", ".join(f"{k}={v}" for k, v in ranked(self.fired)[:8])
         return (f"stopped: {self.stop_reason} after {len(self.rounds)} round(s), "
                 f"{self.seconds:.2f}s; nodes {' -> '.join(map(str, self.sizes))}; fired: {top}")
 
