@@ -183,6 +183,20 @@ def test_constant_adjoint_through_f32_keeps_its_rounding(c: str, want: float):
     (same,) = run(differentiate(param), "g", x, np.full(2, float(c)))
     assert got.tolist() == same.tolist() == [want, want]
 
+
+@pytest.mark.parametrize("c,want", [("1e300", np.inf), ("16777217", 16777216.0)])
+def test_constant_adjoint_cast_to_f32_holds_the_f32_value(c: str, want: float):
+    """An f64 constant adjoint folded through a cast to f32 is written as the f32 it becomes:
+    `const 1e+300 : f32[]` claimed a value the program never holds (and reads back as an
+    overflow, which the parser refuses)."""
+    m = parse(f"func @f(%x: f32[]) -> f64[] {{\n  %a = cast %x : f64[]\n"
+              f"  %c = const {c} : f64[]\n  %y = mul %a, %c : f64[]\n  return %y\n}}\n"
+              "func @g = grad @f wrt %x\n")
+    g = differentiate(m)
+    (value,) = [s.attr["value"] for s in g["g"].body if s.op == "const"]
+    assert value == want
+    assert parse(str(g)) == g
+
 def test_unused_parameter_gets_a_zero_of_its_type():
     m = parse("func @f(%x: f32[], %w: f32[2,3]) -> f32[] {\n  %y = exp %x : f32[]\n"
               "  return %y\n}\nfunc @g = grad @f wrt %x, %w\n")

@@ -28,7 +28,8 @@ _CONST_NAMES = {0.0: "zero", 1.0: "one", 0.5: "half", -0.5: "neg_half", 2.0: "tw
 
 def _stored(value: float, t: TensorType) -> float:
     """`value` as a constant of type `t` holds it (a cast of the constant must see the f32
-    rounding: 1e300 is inf in f32, and stays inf cast back to f64)."""
+    rounding: 1e300 is inf in f32, and stays inf cast back to f64; a constant of f32 is
+    written as that f32, or it would claim a value the program never holds)."""
     with np.errstate(over="ignore"):
         return float(t.dtype.np.type(value))
 
@@ -108,8 +109,8 @@ class Builder:
             return xs[0]
         if op in ("broadcast", "reshape", "transpose", "slice") and known[0] is not None:
             return self.const(known[0], t)
-        if op == "cast" and known[0] is not None:
-            return self.const(_stored(known[0], self.types[xs[0]]), t)
+        if op == "cast" and known[0] is not None and t.dtype.is_float:
+            return self.const(_stored(_stored(known[0], self.types[xs[0]]), t), t)
         if op == "transpose" and tuple(attrs["perm"]) == tuple(range(t.rank)):
             return xs[0]
         inner = self._defs.get(xs[0]) if xs else None
