@@ -3,6 +3,7 @@ elementwise function and operator, broadcasting and constants in the emitted IR,
 layout and slicing, matmul, where, and the composites (softmax, logsumexp, layer_norm, gelu)."""
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -140,6 +141,32 @@ def test_scalar_constants_are_typed_at_the_needed_shape():
     x, n = rand((128, 10)), rand((5,), np.int32)
     got = run(f, x, n)
     close(got[0], x * 2 + 2), close(got[1], n + 3), close(got[2], 1 - x)
+
+
+def test_a_float_scalar_beyond_f32_becomes_inf_with_numpys_warning():
+    """numpy casts a Python float too large for an f32 array's dtype to inf and warns; traced
+    code computes the same (a generic sentinel such as -1e300 clamps an f32 array there too),
+    warns at the user's line, and writes the constant as the inf it is, so the text reads
+    back. `np.errstate(over="raise")` makes it the error numpy raises."""
+    def body(x: f32[4]):
+        return x * 1e39, np.maximum(x, -1e300), x < 1e39
+
+    x = np.array([1.0, -2.0, 0.0, 3.0], np.float32)
+    with pytest.warns(RuntimeWarning, match=r"overflows f32 \(the largest finite f32 is "
+                      r"3.4028235e\+38\) and becomes -?inf") as caught:
+        f = function(body)
+    assert [str(w.message).split(" overflows")[0] for w in caught] == [
+        "mul: 1e+39", "maximum: -1e+300", "lt: 1e+39"]
+    assert {os.path.abspath(w.filename) for w in caught} == {__file__}
+    assert "const inf : f32[4]" in str(f) and "const -inf : f32[4]" in str(f)
+    assert parse(str(Module(f))) == Module(f)
+    with np.errstate(over="ignore", invalid="ignore"):  # and 0 * inf is nan
+        want = body(x)
+    for got, w in zip(run(f, x), want):
+        np.testing.assert_array_equal(got, w)
+        assert got.dtype == w.dtype
+    with np.errstate(over="raise"), pytest.raises(Error, match="overflows f32"):
+        function(body)
 
 
 def test_integer_and_bool_tensors():

@@ -56,11 +56,13 @@ func @f1(%x: f32[1]) -> f32[] {
     assert got == interpret(m, "f1", np.zeros(1, np.float32))
 
 
-def test_f32_constant_beyond_its_range_loads_as_inf_without_a_warning():
-    """`const 1e39 : f32` is inf (numpy's cast); loading it once leaked numpy's overflow
-    RuntimeWarning, which under `-W error` made optimize keep the input program."""
-    m = eqsat.parse("func @f(%x: f32[2]) -> f32[2] {\n  %c = const 1e39 : f32[2]\n"
-                    "  %y = add %x, %c : f32[2]\n  return %y\n}")
+def test_f32_constants_at_the_ends_of_its_range_load_without_a_warning():
+    """Loading an f32 constant once leaked numpy's overflow RuntimeWarning (from `const 1e39`,
+    which the parser now refuses), and under `-W error` made optimize keep the input program;
+    inf and the largest finite f32 are what a program can hold there."""
+    m = eqsat.parse("func @f(%x: f32[2]) -> f32[2] {\n  %c = const inf : f32[2]\n"
+                    "  %d = const 3.4028235e38 : f32[2]\n  %s = add %x, %d : f32[2]\n"
+                    "  %y = add %s, %c : f32[2]\n  return %y\n}")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         out = eqsat.optimize(m)

@@ -161,6 +161,40 @@ def test_integer_literal_too_large_for_a_float_is_a_parse_error():
         raise AssertionError("no error")
 
 
+@pytest.mark.parametrize("value, dtype, error", [
+    ("1e39", "f32", eqsat.VerifyError), ("-3.5e38", "f32", eqsat.VerifyError),
+    ("1" + "0" * 39, "f32", eqsat.VerifyError), ("1e309", "f64", eqsat.ParseError),
+    ("-1e309", "f32", eqsat.ParseError),
+])
+def test_a_float_literal_that_overflows_its_dtype_is_an_error(value, dtype, error):
+    """`const 1e39 : f32[4]` was read as inf: a literal that only rounds to infinity is a
+    mistake (whoever means infinity writes inf), named at its line and column with the
+    dtype's largest finite value. Also in a kernel body, where the literal has that dtype."""
+    largest = {"f32": "3.4028235e+38", "f64": "1.7976931348623157e+308"}
+    for line in (f"  %c = const {value} : {dtype}[4]\n",
+                 f"  %c = map %x, body=add($0, {value}) : {dtype}[4]\n"):
+        text = f"module @m\nfunc @f(%x: {dtype}[4]) -> {dtype}[4] {{\n{line}  return %c\n}}\n"
+        with pytest.raises(error) as e:
+            eqsat.parse(text)
+        at = line.index("body") if "map" in line and error is eqsat.VerifyError else (
+            line.index(value))  # a body's type errors point at its attribute
+        assert (e.value.line, e.value.col) == (3, at + 1)
+        wanted = "f64" if error is eqsat.ParseError else dtype
+        assert f"overflows {wanted} (the largest finite {wanted} is {largest[wanted]})" in str(
+            e.value)
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "3.4028235e38", "-3.4028235e38",
+                                   "3.4028235677973362e38", "1e-50"])
+def test_float_literals_that_f32_holds_stay_accepted(value):
+    """Infinities and NaN written as such, the largest finite f32 (and a value that rounds down
+    to it), and an underflow to zero, as numpy's f32 gives them."""
+    m = eqsat.parse(f"func @f() -> f32[2] {{\n  %c = const {value} : f32[2]\n"
+                    f"  return %c\n}}\n")
+    assert eqsat.parse(str(m)) == m
+    np.testing.assert_array_equal(eqsat.interpret(m, "f"), np.full(2, float(value), np.float32))
+
+
 def test_a_leading_byte_order_mark_is_skipped():
     text = "module @m\nfunc @f(%x: f32[3]) -> f32[3] {\n  %a = neg %x : f32[3]\n  return %a\n}\n"
     assert eqsat.parse("\ufeff" + text) == eqsat.parse(text)

@@ -9,10 +9,12 @@ only when it runs (`_tracer`), so the import goes one way.
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..errors import TraceError
 from .module import Stmt
-from .ops import OPS, OpTypeError
+from .ops import OPS, OpTypeError, float_overflow
 from .types import DType, TensorType, shape_problem
 
 if TYPE_CHECKING:
@@ -194,9 +196,30 @@ def literal(value: Any, t: TensorType, what: str) -> Scalar:
             raise trace_error(f"{what}: {_shown(value)} does not fit in {t.dtype}")
         return value
     try:
-        return float(value)
+        value = float(value)
     except OverflowError:
         raise trace_error(f"{what}: {_shown(value)} is too large for {t.dtype}") from None
+    return _cast_like_numpy(value, t.dtype, what)
+
+
+def _cast_like_numpy(value: float, dtype: DType, what: str) -> float:
+    """A Python float as numpy casts it to `dtype` next to an array of that dtype: one too
+    large becomes an infinity, with numpy's RuntimeWarning at the user's line (or its error,
+    or nothing, as `np.errstate(over=...)` says), so that traced code computes what the same
+    numpy code computes (a `1e300` sentinel meant for any dtype clamps an f32 array to inf
+    there too) and the printed const reads back."""
+    with np.errstate(over="ignore"):
+        stored = float(dtype.np.type(value))
+    if not math.isinf(stored) or math.isinf(value):
+        return value
+    then = f" and becomes {stored}, as numpy casts it"
+    message = f"{what}: {float_overflow(repr(value), dtype, then)}"
+    mode = np.geterr()["over"]
+    if mode == "raise":
+        raise trace_error(message)
+    if mode != "ignore":
+        warnings.warn_explicit(message, RuntimeWarning, *(user_location() or ("<trace>", 0)))
+    return stored
 
 
 def _shown(value: int) -> int | str:

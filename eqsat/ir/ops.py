@@ -255,7 +255,17 @@ def literal_fits(value: Any, dtype: DType) -> str | None:
         return None
     if not isinstance(value, float):
         return f"a {dtype} constant needs a float literal, got {value!r}"
-    return None
+    with np.errstate(over="ignore"):
+        overflows = np.isfinite(value) and not np.isfinite(dtype.np.type(value))
+    return float_overflow(repr(value), dtype) if overflows else None
+
+
+def float_overflow(shown: str, dtype: DType,
+                   then: str = "; write inf or -inf for an infinity") -> str:
+    """The message for a finite number that `dtype` would round to infinity: a user who means
+    infinity writes it, so a literal that only becomes one is a mistake, not a value."""
+    largest = str(np.finfo(dtype.np).max)
+    return f"{shown} overflows {dtype} (the largest finite {dtype} is {largest}){then}"
 
 
 def _infer_const(ins: Sequence[TensorType], attrs: Attrs,

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ParseError, VerifyError
 from .module import GRAD_KINDS, Function, GradDecl, Loc, Module, Param, Stmt
-from .ops import CALLEE, INT, INTS, LITERAL, OPS
-from .types import DTYPES, TensorType, shape_problem
+from .ops import CALLEE, INT, INTS, LITERAL, OPS, float_overflow
+from .types import DTYPES, DType, TensorType, shape_problem
 
 _TOKEN = re.compile(
     r"""
@@ -239,7 +240,10 @@ class _Parser:
                              f"decimal (16, 0.5, 1e-3), with no suffix", tok)
         if re.fullmatch(r"[-+]?\d+", tok.text):
             return int(tok.text)
-        return float(tok.text)
+        value = float(tok.text)
+        if math.isinf(value):
+            raise self.error(float_overflow(tok.text, DType.f64), tok)
+        return value
 
     def literal(self) -> tuple[Any, Token]:
         tok = self.tok
