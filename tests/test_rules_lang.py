@@ -67,6 +67,12 @@ def test_rulesets_drop_rules_by_name():
     ("rule r: map_reduce(?x, body=$0, reduce=prod, axes=[0]) => ?x", 1, 9,
      r"takes a reduction \(max, min, sum\), not 'prod'"),
     ("rule r: map(?x, body=?b) => ?x if ?b == 3", 1, 35, "body. cannot be compared"),
+    ("rule r: neg(?x) => mul(?x, const(1e309, like=?x))", 1, 34,
+     r"1e309 overflows f64 \(the largest finite f64 is 1.7976931348623157e\+308\)"),
+    ("rule r: neg(?x) => mul(?x, const(1e39, dtype=f32, shape=[2]))", 1, 34,
+     r"overflows f32 \(the largest finite f32 is 3.4028235e\+38\)"),
+    ("rule r: neg(?x) => add(?x, const(3000000000, dtype=i32, shape=[2]))", 1, 34,
+     "3000000000 does not fit in i32"),
 ])
 def test_parse_errors_have_line_and_col(text, line, col, message):
     with pytest.raises(eqsat.ParseError, match=message.replace("?", r"\?")) as e:
@@ -109,6 +115,27 @@ def test_check_refuses_what_is_not_rules():
 def test_sound_custom_rules_pass():
     check(parse(
                 "rule exp_add: mul(exp(?x), exp(?y)) => exp(add(?x, ?y))"), examples=20)
+
+
+# 2^64 * x / 2^-64 is x * 2^128 exactly in f64; 2^128 overflows f32, where no such constant is
+BIG_LITERAL = ("rule big: div(mul(?x, const(18446744073709551616.0)), const(5.421010862427522e-20))"
+               " => mul(?x, const(3.402823669209385e38, like=?x))")
+
+
+def test_a_literal_applies_only_where_its_dtype_holds_it():
+    """A right-hand literal beyond the matched dtype (2^128 for an f32 ?x) made an f32 constant
+    the verifier refuses: optimize kept its whole input, and check called the rule ill-typed.
+    The rule applies where the literal fits (f64) and nowhere else."""
+    def fn(name: str, dt: str) -> str:
+        return (f"func @{name}(%x: {dt}[4]) -> {dt}[4] {{\n"
+                f"  %a = const 18446744073709551616.0 : {dt}[4]\n"
+                f"  %b = const 5.421010862427522e-20 : {dt}[4]\n  %m = mul %x, %a : {dt}[4]\n"
+                f"  %y = div %m, %b : {dt}[4]\n  return %y\n}}\n")
+    m = eqsat.parse("module @m\n" + fn("f", "f32") + fn("g", "f64"))
+    out = eqsat.optimize(m, rules=parse(BIG_LITERAL))
+    assert out["f"] == m["f"]
+    assert [s.op for s in out["g"].body] == ["const", "mul"]
+    check(parse(BIG_LITERAL), examples=40)
 
 
 def test_ill_typed_right_side_is_caught():

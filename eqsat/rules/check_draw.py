@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import Error
 from ..ir.fused import REDUCER
 from ..ir.module import Function, Module, Param, Stmt
-from ..ir.ops import INT, INTS, OPS, ops_in
+from ..ir.ops import INT, INTS, OPS, literal_fits, ops_in
 from ..ir.types import DTYPES, DType, TensorType
 from ..ir.verifier import verify
 from .lang import Cond, Fn, Node, Num, Pattern, Rule, ShapeFn, Var
@@ -196,6 +196,11 @@ class Instance:
             value = self.value(v)
             value = bool(value) if t.dtype is DType.bool else (
                 float(value) if t.dtype.is_float else value)
+            # nor a literal the dtype cannot hold (1e39 as f32, 2 as bool): its facts keep the
+            # rule from applying there
+            if isinstance(v, Num) and (literal_fits(value, t.dtype) or (
+                    t.dtype is DType.bool and v.value not in (0, 1))):
+                raise Reject
             return self.emit("const", [], {"value": value}, t)
         args: list[str] = []
         # operands share the result's type, except a comparison's (its result is bool)

@@ -12,6 +12,7 @@ same left side and asks for the value, so it is ready before the rewrite runs.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from ..ir.ops import INTS, OPS
@@ -135,6 +136,8 @@ class _Compiler:
             # a float constant only for float dtypes, an integer one only for the others
             self.facts.append(f"({'int' if is_int else 'float'}-dtype {dt})")
             lit = str(value.value) if is_int else self.value(value)
+            if isinstance(value, Num):
+                self.literal_in(value.value, dt)
             if not is_int and not isinstance(value, Num):
                 # a computed float never folds to a zero: egglog's f64 equality does not tell
                 # -0.0 from 0.0, so a zero result could join the class of the other zero
@@ -152,6 +155,15 @@ class _Compiler:
                 else self.dtype_of(p.args[0]))
             args += [dt, self.shape_of_written(p)]
         return f"({schema.ctor(p.op)} {' '.join(args)})"
+
+    def literal_in(self, value: float, dtype: str) -> None:
+        """Facts that a literal of the rule is a value of `dtype`: `const(1e39, like=?x)` is
+        no f32 constant (the IR refuses one), so the rule applies only where it fits."""
+        if isinstance(value, int):
+            self.facts.append(f"(>= {value} (min-int {dtype}))")
+            self.facts.append(f"(<= {value} (max-int {dtype}))")
+        elif math.isfinite(value) and value != 0:
+            self.facts.append(f"(<= {_float(abs(value))} (max-finite {dtype}))")
 
     def exact_in(self, value: str, dtype: str) -> None:
         """Facts that a value computed in f64 is exactly a finite, normal value of `dtype`.

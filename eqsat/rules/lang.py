@@ -24,8 +24,10 @@ In Python: `Rule("mul_one", "mul(?x, const(1.0))", "?x")`, or build patterns wit
 var("p"))`, `shape_fn("shape", var("x"))` for `shape(?x)`). `parse(text)` returns a `RuleSet`;
 RuleSets add with `+`.
 Everything is checked when it is built: unknown ops, wrong arity, unknown or malformed
-attributes, right-side variables not bound on the left, and dtype-kind errors (a bool where a
-number is needed) raise `ParseError` with the line and column of the offending text.
+attributes, right-side variables not bound on the left, dtype-kind errors (a bool where a
+number is needed) and literals their written dtype cannot hold (`const(1e39, dtype=f32)`)
+raise `ParseError` with the line and column of the offending text. A literal typed `like=?x`
+applies only where ?x's dtype holds it.
 """
 
 from __future__ import annotations

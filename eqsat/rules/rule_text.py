@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ParseError
 from ..ir.fused import REDUCER
-from ..ir.ops import OPS
+from ..ir.ops import OPS, float_overflow
 from ..ir.scalar_expr import Expr, parse_body
-from ..ir.types import DTYPES
+from ..ir.types import DTYPES, DType
 from .lang import (COND_FNS, Arith, Cond, Fn, Node, Num, Pattern, Pos, Rule, ShapeFn, Var,
                    shape_fn_problem)
 
@@ -287,8 +288,11 @@ class RuleParser:
             return Var(t.text[1:], self.pos(t))
         if t.kind == "number":
             self.next()
-            is_int = t.text.isdigit()
-            return Num(int(t.text) if is_int else float(t.text), self.pos(t))
+            if t.text.isdigit():
+                return Num(int(t.text), self.pos(t))
+            if math.isinf(float(t.text)) and t.text != "inf":
+                raise self.error(float_overflow(t.text, DType.f64), t)
+            return Num(float(t.text), self.pos(t))
         if t.text in ("true", "false"):
             self.next()
             return Num(int(t.text == "true"), self.pos(t))

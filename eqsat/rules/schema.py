@@ -153,6 +153,14 @@ _HELPERS = f"""
 (function max-finite (String) f64 :no-merge)
 (set (max-finite "f32") 3.4028234663852886e+38)
 (set (max-finite "f64") 1.7976931348623157e+308)
+(function min-int (String) i64 :no-merge)
+(set (min-int "i32") -2147483648)
+(set (min-int "i64") -9223372036854775808)
+(set (min-int "bool") 0)
+(function max-int (String) i64 :no-merge)
+(set (max-int "i32") 2147483647)
+(set (max-int "i64") 9223372036854775807)
+(set (max-int "bool") 1)
 """
 
 

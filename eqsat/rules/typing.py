@@ -10,9 +10,9 @@ from typing import Any
 
 from ..errors import ParseError
 from ..ir.fused import BODY, REDUCER
-from ..ir.ops import CALLEE, INT, INTS, OPS, ops_in
+from ..ir.ops import CALLEE, INT, INTS, OPS, literal_fits, ops_in
 from ..ir.scalar_expr import App, Arg, Lit, body_op_names, format_body
-from ..ir.types import DTYPES
+from ..ir.types import DTYPES, DType
 from . import schema
 from .lang import WRITTEN_ATTRS, Arith, Cond, Fn, Node, Num, Pattern, Rule, ShapeFn, Var
 
@@ -57,6 +57,16 @@ def _ints(v: Any) -> list[int]:
     if isinstance(v, tuple):
         return [i for a in v for i in _ints(a)]
     return []
+
+
+def _literal_problem(v: Any, dtype: Any) -> str | None:
+    """Why a literal cannot be a constant of the dtype written next to it (1e39 as f32), or
+    None; a literal of the other kind (2 as f32) is the kinds' check's to report."""
+    if not isinstance(v, Num) or dtype not in DTYPES or DTYPES[dtype] is DType.bool:
+        return None
+    if isinstance(v.value, float) != DTYPES[dtype].is_float:
+        return None
+    return literal_fits(v.value, DTYPES[dtype])
 
 
 def _int_list(v: Any) -> bool:
@@ -178,6 +188,9 @@ class _Checker:
         for key, v in p.attrs:
             if key == "value" and p.op == "const":
                 self.value(v, lhs, p)
+                problem = _literal_problem(v, p.attr.get("dtype"))
+                if problem:
+                    raise self.fail(f"const: {problem}", v)
             elif key in specs:
                 kind = specs[key]
                 if kind == CALLEE:
