@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 
 import numpy as np
+import pytest
 
 import eqsat
 from eqsat import interpret
@@ -75,3 +76,67 @@ def test_ieee_rules_keep_numpys_values_at_inf_where_distributivity_does_not():
     exact = eqsat.optimize(m, rules=eqsat.rules.default(ieee=True))
     assert np.isnan(eqsat.interpret(exact, "f", a, b, c)).all()
     assert np.isnan(eqsat.compile(exact, optimize=False).f(a, b, c)).all()
+
+
+# (shape, axes) of each max/min reduction: lanes, tails, inner and outer axes, and a column
+# reduction large enough to be cut into parts that threads share (backend/reductions.py)
+_REDUCTIONS = [((7,), [0]), ((3, 5), [0]), ((3, 5), [1]), ((3, 5), [0, 1]), ((4, 5, 6), [0, 2]),
+               ((64, 33), [1]), ((4096, 1024), [0])]
+
+
+def _extremum_inputs(shape: tuple[int, ...], dtype: type, rng: np.random.Generator) -> np.ndarray:
+    """Values whose max and min are zeros of both signs in some places, only -0.0 in others,
+    NaN in others: each slice of every axis meets all three."""
+    x = -np.abs(rng.standard_normal(shape)).astype(dtype)  # max is a zero where one is
+    x[rng.random(shape) < 0.2] = -0.0
+    x[rng.random(shape) < 0.2] = 0.0
+    flat = x.reshape(-1)
+    flat[::97] = np.nan
+    flat[: flat.size // 3] = -0.0  # whole slices of -0.0 alone
+    return x
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f64"])
+def test_compiled_max_and_min_are_numpys_up_to_the_sign_of_tied_zeros(dtype: str) -> None:
+    """Compiled maximum/minimum and max/min reductions against the interpreter (numpy): NaN
+    wherever numpy's, the same values, and the same zeros, sign included, except where a
+    reduction meets +0.0 and -0.0 both, whose sign numpy leaves to the order it reads them
+    in (README). Elementwise ties give the second operand, as numpy's."""
+    rng = np.random.default_rng(5)
+    np_dtype = np.dtype({"f32": np.float32, "f64": np.float64}[dtype]).type
+    lines, results, params, args, cases = [], [], [], [], []
+    for k, (shape, axes) in enumerate(_REDUCTIONS):
+        ty = f"{dtype}[{','.join(map(str, shape))}]"
+        kept = f"{dtype}[{','.join(str(d) for i, d in enumerate(shape) if i not in axes)}]"
+        params.append(f"%x{k}: {ty}")
+        args.append(_extremum_inputs(shape, np_dtype, rng))
+        for op, sign in (("max", 1), ("min", -1)):
+            source = f"%x{k}" if sign > 0 else f"%n{k}"
+            if sign < 0:
+                lines.append(f"  %n{k} = neg %x{k} : {ty}")
+            lines.append(f"  %{op}{k} = {op} {source}, axes={axes} : {kept}")
+            results.append((f"%{op}{k}", kept))
+            cases.append((sign * args[-1], tuple(axes)))
+    x, y = (np.where(rng.random((4, 65)) < 0.5, 0.0, -0.0).astype(np_dtype) for _ in "xy")
+    x[0, ::5], y[1, ::7] = np.nan, np.nan
+    ty = f"{dtype}[4,65]"
+    params += [f"%a: {ty}", f"%b: {ty}"]
+    args += [x, y]
+    for op in ("maximum", "minimum"):
+        lines += [f"  %{op}_ab = {op} %a, %b : {ty}", f"  %{op}_ba = {op} %b, %a : {ty}"]
+        results += [(f"%{op}_ab", ty), (f"%{op}_ba", ty)]
+    m = parse(f"func @f({', '.join(params)}) -> ({', '.join(t for _, t in results)}) {{\n"
+              + "\n".join(lines) + f"\n  return {', '.join(n for n, _ in results)}\n}}")
+    got = eqsat.compile(m, optimize=False)("f", *args)
+    want = interpret(m, "f", *args)
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g, w)  # NaN where numpy's, and equal values
+        shown = ~np.isnan(w)  # a NaN's sign bit means nothing
+        if k < len(cases):
+            terms, axes = cases[k]
+            zero = terms == 0
+            both = (np.any(zero & np.signbit(terms), axis=axes)
+                    & np.any(zero & ~np.signbit(terms), axis=axes))
+            shown &= ~(both & (w == 0))
+        np.testing.assert_array_equal(np.signbit(g)[shown], np.signbit(w)[shown])
+    assert all(np.signbit(w).any() for w in want[-4:])  # the elementwise ties are in the test
