@@ -10,6 +10,8 @@ import pytest
 
 import eqsat
 from eqsat import interpret
+from eqsat.backend.matmul_kernels import blas_pays, gemm_pays
+from eqsat.backend.narrow_matmul import narrow_pays
 from eqsat.extract import optimize
 from eqsat.ir import parse
 
@@ -140,3 +142,23 @@ def test_compiled_max_and_min_are_numpys_up_to_the_sign_of_tied_zeros(dtype: str
             shown &= ~(both & (w == 0))
         np.testing.assert_array_equal(np.signbit(g)[shown], np.signbit(w)[shown])
     assert all(np.signbit(w).any() for w in want[-4:])  # the elementwise ties are in the test
+
+
+@pytest.mark.parametrize("dtype, tiny", [("f32", 1e-30), ("f64", 1e-200)])
+@pytest.mark.parametrize("m, k, n", [(1, 1, 1), (3, 5, 2), (8, 8, 40), (128, 128, 128)])
+def test_a_matmul_underflowing_to_zero_equals_numpys_and_keeps_the_products_sign(
+        dtype: str, tiny: float, m: int, k: int, n: int) -> None:
+    """Every product -tiny * tiny underflows: numpy's zeros are +0.0 or -0.0 as its OpenBLAS
+    kernel for the size has it (README), the generated kernels' (narrow, small, packed GEMM)
+    are -0.0, fused multiply-adds from +0.0 keeping the sign of the negative products. Both
+    compare equal, as np.array_equal and == do."""
+    t = lambda r, c: f"{dtype}[{r},{c}]"  # noqa: E731
+    mod = parse(f"func @f(%a: {t(m, k)}, %b: {t(k, n)}) -> {t(m, n)} {{\n"
+                f"  %c = matmul %a, %b : {t(m, n)}\n  return %c\n}}")
+    np_dtype = np.float32 if dtype == "f32" else np.float64
+    a, b = np.full((m, k), -tiny, np_dtype), np.full((k, n), tiny, np_dtype)
+    got = eqsat.compile(mod, optimize=False)("f", a, b)
+    assert np.array_equal(got, interpret(mod, "f", a, b)) and not got.any()
+    out = mod["f"].result_types[0]
+    if gemm_pays(out, k) or narrow_pays(out) or not blas_pays(out, k):  # generated code
+        assert np.signbit(got).all()
