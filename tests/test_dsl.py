@@ -10,7 +10,8 @@ import pytest
 import scipy.special
 
 import eqsat
-from eqsat.ir import dsl
+from eqsat.errors import Error
+from eqsat.ir import Module, dsl, parse
 from eqsat.ir.dsl import TracedFunction, function
 from eqsat.ir.ops import BINARY, COMPARE, UNARY
 from eqsat.ir.types import DType
