@@ -72,6 +72,98 @@ def test_input_checking_and_fresh_outputs() -> None:
     r1.resize(6)
 
 
+MIXED = """module @m
+func @f(%x: f32[2,3], %e: f32[0], %s: f64[]) -> (f32[3,2], f32[0], f64[], f32[]) {
+  %t = transpose %x, perm=[1,0] : f32[3,2]
+  %u = exp %t : f32[3,2]
+  %n = neg %e : f32[0]
+  %d = mul %s, %s : f64[]
+  %k = sum %u, axes=[0,1] : f32[]
+  return %u, %n, %d, %k
+}"""
+
+
+def test_every_input_form_runs_alike_through_exe_f_and_exe_call() -> None:
+    """exe.f is the function's prepared entry and exe("f") dispatches to it: a call with
+    arrays of exactly the parameter types takes a shorter path than any other input, and
+    both paths must give the interpreter's results and the same errors."""
+    m = parse(MIXED)
+    exe = compile_module(m, cache_dir=None)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) / 4
+    e, s = np.zeros(0, np.float32), np.float64(1.5)
+    frozen = x.copy()
+    frozen.flags.writeable = False
+    forms = {
+        "exact": (x, e, np.array(s)),
+        "read-only": (frozen, e, np.array(s)),
+        "strided": (np.repeat(x, 2, axis=1)[:, ::2], e, np.array(s)),
+        "fortran": (np.asfortranarray(x), e, np.array(s)),
+        "lists": (x.tolist(), [], 1.5),
+        "numpy scalar": (x, e, s),
+        "byte-swapped": (x.astype(">f4"), e, np.array(s, ">f8")),
+        "subclass": (x.view(np.matrix), e, np.array(s)),
+    }
+    want = eqsat.interpret(m, "f", x, e, s)
+    for form, args in forms.items():
+        for got in (exe.f(*args), exe("f", *args), exe.f(**dict(zip("xes", args)))):
+            assert_matches(got, want, ulps=2)
+            assert all(type(r) is np.ndarray for r in got), form
+    bad = [((x.astype(np.float64), e, s), "float64"), ((x.T, e, s), "shape"),
+           ((x, e), "argument"), ((x, e, s, s), "argument"), ((x, np.zeros(1, np.float32), s),
+                                                             "shape")]
+    for args, message in bad:
+        for call in (exe.f, lambda *a: exe("f", *a)):
+            with pytest.raises(eqsat.Error, match=message):
+                call(*args)
+    assert not frozen.flags.writeable and np.array_equal(frozen, x)  # inputs left as they were
+
+
+def test_a_function_outlives_its_executable() -> None:
+    """exe.f holds the machine code itself, so keeping it alone keeps it callable; it
+    pickles as its module and name."""
+    m = parse(MIXED.replace("@m", "@outlived"))
+    exe = compile_module(m, cache_dir=None)
+    f, want = exe.f, exe.f(np.ones((2, 3), np.float32), np.zeros(0, np.float32), 2.0)
+    del exe
+    got = f(np.ones((2, 3), np.float32), np.zeros(0, np.float32), 2.0)
+    assert_matches(got, want, ulps=0)
+    assert "@f" in repr(f) and "@outlived" in repr(f)
+    assert_matches(pickle.loads(pickle.dumps(f))(np.ones((2, 3), np.float32), [], 2.0),
+                   want, ulps=0)
+
+
+def test_small_calls_from_many_threads_get_their_own_results() -> None:
+    """Each call packs its own pointer arrays and each thread has its own scratch arena: calls
+    that release the GIL at once never see another call's inputs, outputs or intermediates."""
+    m = parse("""module @m
+func @f(%x: f32[64], %y: f32[64]) -> (f32[64], f32[]) {
+  %a = mul %x, %y : f32[64]
+  %b = exp %a : f32[64]
+  %c = sum %b, axes=[0] : f32[]
+  %d = add %b, %x : f32[64]
+  return %d, %c
+}""")
+    exe = compile_module(m, cache_dir=None)
+    inputs = [(np.full(64, k / 8, np.float32), np.linspace(-1, 1, 64, dtype=np.float32))
+              for k in range(6)]
+    wants = [exe.f(*args) for args in inputs]
+    failures: list[int] = []
+
+    def work(k: int) -> None:
+        for _ in range(2000):
+            got = exe.f(*inputs[k]) if k % 2 else exe("f", *inputs[k])
+            if not all(np.array_equal(g, w) for g, w in zip(got, wants[k])):
+                failures.append(k)
+                return
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
 def test_executables_pickle_and_copy() -> None:
     """An executable goes to a worker process (multiprocessing pickles it) or through
     copy.deepcopy as its module, compiled again there; ctypes pointers refused pickling."""
