@@ -306,6 +306,43 @@ def test_memory_cache_lets_go_of_code_no_executable_uses(tmp_path):
                                eqsat.interpret(m, "f", x, x), rtol=1e-5, atol=1e-6)
 
 
+# A fresh process: RSS growth (KiB) over 100 cold compiles (or PTX emissions) of distinct
+# programs, each dropped, after 20 to warm up.
+GROWTH = """
+import gc, os, sys
+import eqsat
+from eqsat.backend import cpu
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+def compile_dropped(n):
+    m = eqsat.parse(f"module @m\\nfunc @f(%x: f32[{n}]) -> f32[{n}] {{\\n"
+                    f"  %0 = add %x, %x : f32[{n}]\\n  return %0\\n}}\\n")
+    if sys.argv[1] == "ptx":
+        eqsat.emit(m, target="ptx")
+    else:
+        cpu.compile_module(m, cache_dir=None).f
+for n in range(1001, 1021):
+    compile_dropped(n)
+gc.collect()
+before = rss()
+for n in range(1, 101):
+    compile_dropped(n)
+gc.collect()
+print((rss() - before) // 1024)
+"""
+
+
+@pytest.mark.parametrize("target", ["cpu", "ptx"])
+def test_cold_compiles_of_distinct_programs_free_their_pass_pipelines(target):
+    """llvmlite never freed a pass pipeline (jit.free_pass_manager): these 100 kept 9.5 MB
+    (8.5 MB as PTX), within 0.2 MB run to run; freed, 0.9 or 1.9 MB (0.5 MB as PTX), what
+    llvmlite's PassBuilder leaks besides (README, Compiling and running)."""
+    out = subprocess.run([sys.executable, "-c", GROWTH, target], capture_output=True,
+                         text=True, check=True)
+    assert int(out.stdout.split()[-1]) < 4096
+
+
 CALLS = """module @calls
 func @f(%x: f64[4], %y: f64[4]) -> (f64[4], f64[4]) {
   %a, %b = call @g(%x, %y) : f64[4], f64[4]

@@ -137,7 +137,7 @@ def optimize(text: str) -> llvm.ModuleRef:
     pto.loop_unrolling = UNROLL_LOOPS
     pb = llvm.create_pass_builder(tm, pto)
     merge_functions(mod, pb)
-    pb.getModulePassManager().run(mod, pb)
+    run_passes(pb.getModulePassManager(), mod, pb)
     return mod
 
 
@@ -146,7 +146,30 @@ def merge_functions(mod: llvm.ModuleRef, pb: llvm.PassBuilder) -> None:
     merge = llvm.ModulePassManager()
     merge.add_merge_functions_pass()
     merge.add_global_dead_code_eliminate_pass()
-    merge.run(mod, pb)
+    run_passes(merge, mod, pb)
+
+
+def run_passes(pm: llvm.ModulePassManager, mod: llvm.ModuleRef, pb: llvm.PassBuilder) -> None:
+    """Run pass manager `pm` over `mod`, then free it (every caller builds one per run)."""
+    try:
+        pm.run(mod, pb)
+    finally:
+        free_pass_manager(pm)
+
+
+def free_pass_manager(pm: llvm.ModulePassManager) -> None:
+    """Free `pm`'s native pass pipeline now. llvmlite 0.45-0.50 never does: ModulePassManager
+    lists ObjectRef before NewPassManager among its bases, so ObjectRef's empty `_dispose`
+    hides the one that deletes it, and every pipeline built stayed for the life of the process
+    (~80 KB per cold compile: a process compiling 1000 programs grew by 84 MB). Where
+    llvmlite's own `close` works it is used."""
+    if pm.closed:
+        return
+    if type(pm)._dispose is llvm.ffi.ObjectRef._dispose:
+        llvm.ffi.lib.LLVMPY_DisposeNewModulePassManger(pm)
+        pm.detach()
+    else:
+        pm.close()
 
 
 def compile_object(text: str) -> bytes:

@@ -12,6 +12,7 @@ import numpy as np
 from llvmlite import ir
 
 from eqsat.backend import mathlib
+from eqsat.backend.jit import run_passes
 
 
 def _new_target_machine() -> llvm.TargetMachine:
@@ -74,7 +75,7 @@ class Kernel:
         pto.loop_vectorization = True
         pto.slp_vectorization = True
         pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
+        run_passes(pb.getModulePassManager(), mod, pb)
         self.ir = str(mod)
         # An engine owns (and frees) its target machine: a shared one would dangle once a
         # Kernel is garbage-collected.

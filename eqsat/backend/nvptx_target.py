@@ -16,7 +16,7 @@ import llvmlite.binding as llvm
 from llvmlite import ir
 
 from ..errors import Error
-from .jit import hold_across_fork
+from .jit import hold_across_fork, run_passes
 from .scalar import I32, I64, declare
 
 TRIPLE = "nvptx64-nvidia-cuda"
@@ -184,7 +184,7 @@ def optimize(text: str, arch: str = DEFAULT_ARCH) -> llvm.ModuleRef:
     tm = target_machine(arch)
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pb = llvm.create_pass_builder(tm, pto)
-    pb.getModulePassManager().run(mod, pb)
+    run_passes(pb.getModulePassManager(), mod, pb)
     return mod
 
 
