@@ -192,6 +192,19 @@ def test_numpy_ufuncs_on_tracers():
         close(g, want)
 
 
+def test_a_numpy_scalar_left_of_a_comparison():
+    # Python asks the numpy scalar first, which calls the ufunc with itself as a 0-d array
+    @function
+    def f(x: f32[4], c: bool_[4]):
+        return np.float32(1.5) < x, np.float32(1.5) == x, np.int32(2) >= x, np.bool_(True) != c
+
+    x, c = np.array([1.0, 1.5, 2.0, -1.0], np.float32), np.array([True, False, True, False])
+    want = (np.float32(1.5) < x, np.float32(1.5) == x, np.int32(2) >= x, np.bool_(True) != c)
+    for got, w in zip(run(f, x, c), want):
+        np.testing.assert_array_equal(got, w)
+        assert got.dtype == w.dtype
+
+
 # ---------------------------------------------------------------- reductions and layout
 
 

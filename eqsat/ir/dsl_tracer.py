@@ -166,7 +166,16 @@ class Tracer:
         if method != "__call__" or kwargs or handler is None:
             raise trace_error(f"numpy's {ufunc.__name__} ({method}) cannot run on traced "
                               f"values; use eqsat's functions (eqsat.exp, eqsat.maximum, ...)")
+        if ufunc in _COMPARISON_UFUNCS:
+            # a numpy scalar compares as a 0-d array (np.float32(2) < x calls np.less with
+            # array(2.0, dtype=float32)), which numpy 2 promotes as the scalar it came from
+            inputs = tuple(v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
+                           for v in inputs)
         return handler(*inputs)
+
+
+_COMPARISON_UFUNCS = frozenset({np.less, np.less_equal, np.greater, np.greater_equal, np.equal,
+                                np.not_equal})
 
 
 # what to write instead of ndarray attributes a numpy user reaches for first
