@@ -359,7 +359,7 @@ def _attention() -> Module:
         q = (x @ wq).reshape(2, 16, 4, 8).transpose((0, 2, 1, 3))
         k = (x @ wk).reshape(2, 16, 4, 8).transpose((0, 2, 3, 1))
         v = (x @ wv).reshape(2, 16, 4, 8).transpose((0, 2, 1, 3))
-        a = eqsat.softmax(q @ k / np.sqrt(8.0), axis=-1)
+        a = eqsat.softmax(q @ k / np.sqrt(np.float32(8.0)), axis=-1)  # f32, as in numpy
         o = (a @ v).transpose((0, 2, 1, 3)).reshape(2, 16, 32)
         return eqsat.layer_norm(o + x)
 

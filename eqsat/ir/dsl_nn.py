@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from . import dsl_array
 from .dsl_trace import as_tracer, trace_error, unary
 from .dsl_tracer import Tracer
@@ -54,8 +56,11 @@ def logsumexp(x: Tracer, axis: Any = -1, keepdims: bool = False) -> Tracer:
 def layer_norm(x: Tracer, axis: Any = -1, eps: float = 1e-5, gamma: Tracer | None = None,
                beta: Tracer | None = None) -> Tracer:
     """`(x - mean) / sqrt(var + eps)` over `axis` (biased variance, as in PyTorch), then scaled
-    by `gamma` and shifted by `beta` when given (both broadcast against x)."""
+    by `gamma` and shifted by `beta` when given (both broadcast against x). `eps` is taken in
+    x's dtype even as a numpy scalar, which in numpy's own arithmetic would promote."""
     x = float_operand(x, "layer_norm")
+    if isinstance(eps, np.generic):
+        eps = eps.item()
     d = x - dsl_array.mean(x, axis, keepdims=True)
     var = dsl_array.mean(d * d, axis, keepdims=True)
     y = d * unary("rsqrt", var + eps)

@@ -25,12 +25,14 @@ import numpy as np
 from ..errors import TraceError
 from .module import Stmt
 from .ops import OPS, OpTypeError, float_overflow
-from .types import DType, TensorType, shape_problem
+from .types import DTYPES, DType, TensorType, shape_problem
 
 if TYPE_CHECKING:
     from .dsl_tracer import Tracer
 
 Scalar = bool | int | float
+# numpy's scalars of a numeric dtype: strongly typed, so they take part in promotion (NEP 50)
+NUMPY_SCALARS = (np.number, np.bool_)
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # numpy's own frames sit between the user's line and ours when a numpy function (np.sum, np.exp)
 # dispatches to a Tracer
@@ -247,9 +249,40 @@ def broadcast_to_type(x: Tracer, t: TensorType) -> Tracer:
     return x if x.type == t else emit(x.trace, "broadcast", [x], written=t)
 
 
+def promote(what: str, values: Sequence[Any]) -> list[Any]:
+    """`values` as numpy 2 promotes them: a numpy scalar (np.float64(2), np.sqrt(4)) is strongly
+    typed, so the result dtype is numpy's `result_type` of the traced dtype and the scalars'
+    (an f32 tensor and an np.float64 give f64); the traced values are cast to it and the
+    scalars become Python values of it. Python scalars are weak and stay as they are, to take
+    the traced dtype in `literal`. The traced values must share one dtype (`lift` checks)."""
+    tracer = _tracer()
+    scalars = [v for v in values if isinstance(v, NUMPY_SCALARS)]
+    traced = [v for v in values if isinstance(v, tracer)]
+    if not scalars or not traced:
+        return list(values)
+    result = np.result_type(traced[0].dtype.np, *(s.dtype for s in scalars))
+    try:
+        dtype = DType.of(result)
+    except KeyError:
+        shown = " and ".join(repr(s) for s in scalars)
+        raise trace_error(f"{what}: numpy promotes {traced[0].type} with the numpy scalar "
+                          f"{shown} to {result}, which is not an eqsat dtype "
+                          f"({', '.join(DTYPES)}); convert the scalar first, e.g. with "
+                          f"float() or np.float32()") from None
+    out = []
+    for v in values:
+        if isinstance(v, tracer) and v.dtype is not dtype:
+            v = emit(v.trace, "cast", [v], written=v.type.with_dtype(dtype))
+        elif isinstance(v, NUMPY_SCALARS):
+            v = dtype.np.type(v).item()  # as numpy converts it for the ufunc's loop
+        out.append(v)
+    return out
+
+
 def lift(what: str, values: Sequence[Any], extra: tuple[int, ...] | None = None) -> list[Tracer]:
-    """Operands made into tracers of one type: broadcast to the common shape (joined with
-    `extra`), Python scalars as constants of the traced operands' dtype."""
+    """Operands made into tracers of one type: numpy scalars promoted as numpy does
+    (`promote`), broadcast to the common shape (joined with `extra`), Python scalars as
+    constants of the traced operands' dtype."""
     trace = active_trace(what, values)
     tracer = _tracer()
     types = [v.type for v in values if isinstance(v, tracer)]
@@ -257,6 +290,8 @@ def lift(what: str, values: Sequence[Any], extra: tuple[int, ...] | None = None)
         if t.dtype != types[0].dtype:
             raise trace_error(f"{what}: operands have different dtypes ({types[0]} and {t}); "
                               f"eqsat does not promote implicitly, convert one with .astype(...)")
+    values = promote(what, values)
+    types = [v.type for v in values if isinstance(v, tracer)]
     extra_types = [types[0].with_shape(extra)] if extra is not None else []
     target = types[0].with_shape(broadcast_shape(what, types + extra_types))
     return [broadcast_to_type(v, target) if isinstance(v, tracer)

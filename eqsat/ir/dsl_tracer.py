@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import TracedAttributeError
-from .dsl_trace import Trace, binary, floor_divide, trace_error, true_divide, unary
+from .dsl_trace import (Trace, as_tracer, binary, floor_divide, promote, trace_error, true_divide,
+                        unary)
 from .ops import COMPARE
 from .types import TensorType
 
@@ -177,7 +178,6 @@ class Tracer:
 _COMPARISON_UFUNCS = frozenset({np.less, np.less_equal, np.greater, np.greater_equal, np.equal,
                                 np.not_equal})
 
-
 # what to write instead of ndarray attributes a numpy user reaches for first
 _NDARRAY_HINTS = {
     "flatten": "use x.reshape(-1)", "ravel": "use x.reshape(-1)", "squeeze": "use x.reshape(...)",
@@ -226,10 +226,13 @@ def _pow(self: Tracer, other: Any, modulo: Any = None) -> Tracer:
     if modulo is not None:
         raise trace_error("pow(x, y, mod) with a modulus cannot be traced; eqsat has no "
                           "modulo op")
-    if self.dtype.is_float and isinstance(other, (float, np.floating)) and other == 0.5:
-        # numpy computes an array to a scalar 0.5 as sqrt, whose values differ from pow's at
-        # -inf (nan, not inf) and -0.0 (-0.0, not 0.0)
-        return unary("sqrt", self)
+    if isinstance(other, (float, np.floating)) and other == 0.5:
+        # numpy computes an array to a scalar 0.5 as sqrt (in the promoted dtype: an i32 or f32
+        # array to np.float64(0.5) is the f64 sqrt), whose values differ from pow's at -inf
+        # (nan, not inf) and -0.0 (-0.0, not 0.0)
+        x = promote("pow", [as_tracer(self, "pow"), other])[0]
+        if x.dtype.is_float:
+            return unary("sqrt", x)
     return binary("pow", self, other)
 
 

@@ -1,0 +1,193 @@
+"""numpy scalars in traced code promote as numpy 2 does (NEP 50): np.float64(2), np.sqrt(4) and
+np.int64(1) are strongly typed, so `f32 tensor / np.sqrt(4)` is f64, while Python scalars
+(2, 0.5, np.pi) are weak and take the tensor's dtype. Every case runs the traced function and
+the same code in numpy on the same arrays and compares values and dtypes."""
+
+import linecache
+import operator
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import eqsat
+from eqsat.errors import TraceError
+from eqsat.ir.dsl import function
+from eqsat.ir.types import DType
+
+from dsl_helpers import run
+
+TRACED = [np.float32, np.float64, np.int32, np.int64, np.bool_]
+SCALARS = [np.float32, np.float64, np.int32, np.int64, np.bool_]
+# integers stay positive so that numpy's integer ** never meets a negative exponent
+VALUES = {"f": [-1.5, 0.5, 2.0, 3.0], "i": [1, 2, 3, 5], "b": [True, False, True, False]}
+COND = np.array([True, False, False, True])
+
+OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "**": "pow",
+             "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
+
+
+def refused(kind: str, result: np.dtype) -> bool:
+    """Where eqsat has no op for numpy's operation in the promoted dtype: true division of
+    integers, floor division of floats, and arithmetic or maximum on bools."""
+    if kind == "/":
+        return result.kind != "f"
+    if kind == "//":
+        return result.kind != "i"
+    return kind in ("+", "-", "*", "**", "maximum", "minimum") and result.kind == "b"
+
+
+def cases(s):
+    """(label, kind, the traced body of x and c, the same in numpy) for numpy scalar `s`."""
+    out = []
+    for sym, stem in OPERATORS.items():
+        op = getattr(operator, stem)
+
+        def forward(x, c, op=op):
+            return op(x, s)
+
+        def swapped(x, c, op=op):  # numpy's scalar hands x to the ufunc (__array_ufunc__)
+            return op(s, x)
+
+        out += [(f"x {sym} s", sym, forward, forward), (f"s {sym} x", sym, swapped, swapped)]
+        if sym in ("+", "-", "*", "/", "//", "**"):
+            # Python's reflected operator, which a scalar deferring to the tensor reaches
+            out.append((f"x.__r{stem}__(s)", sym,
+                        lambda x, c, stem=stem: getattr(x, f"__r{stem}__")(s), swapped))
+    for name in ("maximum", "minimum"):
+        np_fn, eq_fn = getattr(np, name), getattr(eqsat, name)
+        out += [(f"np.{name}(x, s)", name, lambda x, c, f=np_fn: f(x, s),
+                 lambda x, c, f=np_fn: f(x, s)),
+                (f"eqsat.{name}(s, x)", name, lambda x, c, f=eq_fn: f(s, x),
+                 lambda x, c, f=np_fn: f(s, x))]
+    return out + [("where(c, x, s)", "where", lambda x, c: eqsat.where(c, x, s),
+                   lambda x, c: np.where(c, x, s)),
+                  ("where(c, s, x)", "where", lambda x, c: eqsat.where(c, s, x),
+                   lambda x, c: np.where(c, s, x))]
+
+
+def traced_function(body, t: DType):
+    """`body(x, c)` traced with x of dtype `t` and a bool condition c, both of shape [4]."""
+    @function
+    def f(x: t[4], c: DType.bool[4]):
+        return body(x, c)
+
+    return f
+
+
+@pytest.mark.parametrize("sdt", SCALARS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("tdt", TRACED, ids=lambda d: np.dtype(d).name)
+def test_numpy_scalars_promote_as_numpy_does(tdt, sdt):
+    t = DType.of(np.dtype(tdt))
+    x = np.array(VALUES[np.dtype(tdt).kind], tdt)
+    s = sdt(True) if sdt is np.bool_ else sdt(2)
+    for label, kind, body, reference in cases(s):
+        if refused(kind, np.result_type(x, s)):
+            with pytest.raises(TraceError) as err:
+                traced_function(body, t)
+            assert err.value.filename.endswith(os.path.basename(__file__)), label
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want = reference(x, COND)
+            got = run(traced_function(body, t), x, COND)
+        assert got.dtype == want.dtype, (label, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got, want, err_msg=label)
+
+
+def test_user_code_with_numpy_and_python_scalars():
+    # np.sqrt(4) and np.int64(3) are strongly typed, np.pi and 0.5 are Python floats (weak)
+    def body(x: DType.f32[4], n: DType.i32[4], w: DType.f64[4]):
+        return (x / np.sqrt(4), np.pi * x, np.float32(0.5) * x, x + np.int64(3), 0.5 * x,
+                n + np.int64(1), n + np.int32(1), n * 2, w * np.float32(2), x * np.float32(2))
+
+    x = np.array([1.0, -2.5, 0.1, 3.0], np.float32)
+    n, w = np.array([1, -2, 3, 4], np.int32), np.array([0.1, 2.0, -3.0, 1e300])
+    for got, want in zip(run(function(body), x, n, w), body(x, n, w)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_comparisons_happen_in_the_promoted_dtype():
+    # f32(0.1) is not f64(0.1): numpy compares in f64, where the two differ
+    def body(x: DType.f32[3]):
+        return (x == np.float64(0.1), x < np.float64(0.1), np.float64(0.1) < x, x == 0.1,
+                x * np.float64(0.1))
+
+    x = np.array([0.1, 0.2, 1 / 3], np.float32)
+    got, want = run(function(body), x), body(x)
+    assert [bool(w[0]) for w in want[:4]] == [False, False, True, True]
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_value_an_f32_tensor_cannot_hold_promotes_instead_of_overflowing():
+    def body(x: DType.f32[2], n: DType.i32[2]):
+        return x + np.float64(1e39), np.maximum(x, np.float64(-1e300)), n + np.int64(2 ** 40)
+
+    x, n = np.array([1.0, -2.0], np.float32), np.array([3, -4], np.int32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning: nothing overflows
+        f = function(body)
+    for got, want in zip(run(f, x, n), body(x, n)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_power_of_a_numpy_one_half_is_sqrt_in_the_promoted_dtype():
+    def body(x: DType.f32[4], n: DType.i32[4]):
+        return x ** np.float64(0.5), n ** np.float64(0.5), x ** np.float32(0.5)
+
+    x = np.array([-np.inf, -0.0, 2.0, 3.0], np.float32)
+    n = np.array([-1, 0, 2, 3], np.int32)
+    f = function(body)
+    assert [s.op for s in f.ir.body].count("sqrt") == 3
+    with np.errstate(invalid="ignore"):
+        want = body(x, n)
+        for got in (run(f, x, n), eqsat.compile(f)(f.name, x, n)):
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype
+                np.testing.assert_array_equal(g, w)
+                np.testing.assert_array_equal(np.signbit(g), np.signbit(w))
+
+
+@pytest.mark.parametrize("tdt, scalar", [
+    (np.float32, np.float16(2)), (np.int32, np.float16(2)), (np.int32, np.int8(-3)),
+    (np.int32, np.uint8(3)), (np.int32, np.uint32(3)), (np.int64, np.uint64(2 ** 63 + 5)),
+])
+def test_other_numpy_scalars_promote_to_an_eqsat_dtype_as_numpy_does(tdt, scalar):
+    t = DType.of(np.dtype(tdt))
+    x = np.array([1, -2], tdt)
+
+    @function
+    def f(x: t[2]):
+        return x + scalar, scalar * x
+
+    for got, want in zip(run(f, x), (x + scalar, scalar * x)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("tdt, scalar", [
+    (np.bool_, np.float16(2)), (np.float32, np.longdouble(2)), (np.float32, np.complex64(1j)),
+    (np.bool_, np.int8(2)), (np.bool_, np.uint64(2)),
+])
+def test_a_promotion_to_a_dtype_eqsat_lacks_is_an_error_at_the_line(tdt, scalar):
+    t = DType.of(np.dtype(tdt))
+    result = np.result_type(tdt, scalar)
+    with pytest.raises(TraceError, match=rf"add: numpy promotes {t}\[2\] with the numpy scalar "
+                                         rf".* to {result}, which is not an eqsat dtype") as err:
+        @function
+        def f(x: t[2]):
+            return x + scalar
+    assert err.value.filename.endswith(os.path.basename(__file__))
+    assert linecache.getline(__file__, err.value.lineno).strip() == "return x + scalar"
+
+
+def test_layer_norm_takes_eps_in_the_dtype_of_x():
+    @function
+    def f(x: DType.f32[2, 3]):
+        return eqsat.layer_norm(x, eps=np.float64(1e-5))
+
+    assert f.signature.results[0] == DType.f32[2, 3]
