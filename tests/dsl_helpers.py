@@ -9,6 +9,9 @@ from eqsat.ir import Module, interpret
 from eqsat.ir.dsl import TracedFunction
 
 RNG = np.random.default_rng(0)
+# Python's binary operators by symbol, each with `operator`'s name for it
+OPERATORS = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "**": "pow",
+             "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "==": "eq", "!=": "ne"}
 
 
 def run(tf: TracedFunction, *arrays: np.ndarray):

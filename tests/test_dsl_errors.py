@@ -52,7 +52,7 @@ def test_error_in_a_helper_names_the_helpers_line():
 
 
 ERRORS = {  # marker: (body, message fragment); each body sits on the marked line below
-    "dtypes": (lambda x, n: x + n, "different dtypes (f32[3,4] and i32[3,4])"),
+    "promoted-floordiv": (lambda x, n: x // n, "floor division of f64[3,4]"),
     "int-float": (lambda x, n: n * 0.5, "cannot combine i32[3,4] with the float 0.5"),
     "int-div": (lambda x, n: n / n, "true division of i32[3,4]"),
     "float-floordiv": (lambda x, n: x // 2.0, "floor division of f32[3,4]"),
@@ -68,7 +68,7 @@ ERRORS = {  # marker: (body, message fragment); each body sits on the marked lin
     "where-1-0": (lambda x, n: dsl.where(x > 0, 1.0, 0.0), "eqsat.cast(cond, eqsat.f32)"),
     "mean-int": (lambda x, n: dsl.mean(n), "mean: needs a float tensor"),
     "broadcast": (lambda x, n: dsl.broadcast_to(x, (4, 4)), "cannot broadcast f32[3,4] to"),
-    "concat": (lambda x, n: dsl.concatenate([x, n]), "concat along axis 0: i32[3,4] does not"),
+    "concat": (lambda x, n: dsl.concatenate([x, n.T]), "axis 0: f64[4,3] does not fit f64[3,4]"),
     "ufunc": (lambda x, n: np.add.reduce(x), "numpy's add (reduce) cannot run"),
     "scalars": (lambda x, n: dsl.exp(2.0), "exp needs a traced value"),
 }

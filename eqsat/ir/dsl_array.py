@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 from .dsl_trace import (active_trace, as_tracer, broadcast_shape, broadcast_to_type, constant,
-                        describe, emit, index, lift, literal, trace_error, true_divide)
+                        describe, emit, index, lift, literal, promote, trace_error,
+                        true_divide)
 from .dsl_tracer import Tracer
 from .ops import broadcastable
 from .types import DTYPES, DType
@@ -124,12 +125,13 @@ def broadcast_to(x: Any, shape: Any) -> Tracer:
 
 
 def concatenate(xs: Sequence[Any], axis: int = 0) -> Tracer:
-    """`np.concatenate` of traced values along `axis`."""
+    """`np.concatenate` of traced values along `axis`, in the dtype numpy promotes them to."""
     xs = list(xs)
     if not xs or not all(isinstance(x, Tracer) for x in xs):
         got = ", ".join(describe(x) for x in xs) or "nothing"
         raise trace_error(f"concat needs a sequence of traced values, got {got}")
     trace = active_trace("concat", xs)
+    xs = promote("concat", xs)
     if xs[0].ndim == 0:
         raise trace_error(f"concat: scalars ({xs[0].type}) cannot be concatenated")
     a = normalize_axis(axis, xs[0].ndim, "concat")
@@ -162,9 +164,7 @@ def matmul(a: Any, b: Any) -> Tracer:
         if not isinstance(v, Tracer) or v.ndim == 0:
             raise trace_error(f"matmul: operand {i + 1} must be a traced value of rank >= 1, "
                               f"got {describe(v)}")
-    if a.dtype != b.dtype:
-        raise trace_error(f"matmul: operands have different dtypes ({a.type} and {b.type}); "
-                          f"eqsat does not promote implicitly, convert one with .astype(...)")
+    a, b = promote("matmul", [a, b])
     k_b = b.shape[0] if b.ndim == 1 else b.shape[-2]
     if a.shape[-1] != k_b:
         raise trace_error(f"matmul: inner dimensions differ ({a.type} @ {b.type}: "

@@ -99,7 +99,7 @@ def broadcast_to(x: Tracer, shape: int | Sequence[int]) -> Tracer:
 
 
 def concatenate(xs: Sequence[Tracer], axis: int = 0) -> Tracer:
-    """`np.concatenate` of traced values of one dtype along `axis`."""
+    """`np.concatenate` of traced values along `axis` (their dtypes promote as numpy's do)."""
     return dsl_array.concatenate(xs, axis)
 
 

@@ -190,8 +190,9 @@ def literal(value: Any, t: TensorType, what: str) -> Scalar:
                           f"not {value!r}")
     if t.dtype.is_int:
         if isinstance(value, float):
-            raise trace_error(f"{what}: cannot combine {t} with the float {value!r}; eqsat does "
-                              f"not promote implicitly, convert with .astype(eqsat.f32)")
+            raise trace_error(f"{what}: cannot combine {t} with the float {value!r}; a Python "
+                              f"scalar takes the tensor's dtype in eqsat (numpy would make "
+                              f"f64), convert with .astype(eqsat.f32)")
         value = int(value)
         info = np.iinfo(t.dtype.np)
         if not info.min <= value <= info.max:
@@ -250,25 +251,18 @@ def broadcast_to_type(x: Tracer, t: TensorType) -> Tracer:
 
 
 def promote(what: str, values: Sequence[Any]) -> list[Any]:
-    """`values` as numpy 2 promotes them: a numpy scalar (np.float64(2), np.sqrt(4)) is strongly
-    typed, so the result dtype is numpy's `result_type` of the traced dtype and the scalars'
-    (an f32 tensor and an np.float64 give f64); the traced values are cast to it and the
-    scalars become Python values of it. Python scalars are weak and stay as they are, to take
-    the traced dtype in `literal`. The traced values must share one dtype (`lift` checks)."""
+    """`values` as numpy 2 promotes them (NEP 50): traced values and numpy scalars
+    (np.float64(2), np.sqrt(4)) are strongly typed, so the result dtype is numpy's
+    `result_type` of all their dtypes (f32 with f64 gives f64, f32 with i32 gives f64, i32 with
+    i64 gives i64); the traced values of another dtype are cast to it and the numpy scalars
+    become Python values of it. Python scalars are weak and stay as they are, to take the
+    result dtype in `literal`."""
     tracer = _tracer()
-    scalars = [v for v in values if isinstance(v, NUMPY_SCALARS)]
     traced = [v for v in values if isinstance(v, tracer)]
-    if not scalars or not traced:
+    scalars = [v for v in values if isinstance(v, NUMPY_SCALARS)]
+    if not traced or (not scalars and all(v.dtype is traced[0].dtype for v in traced)):
         return list(values)
-    result = np.result_type(traced[0].dtype.np, *(s.dtype for s in scalars))
-    try:
-        dtype = DType.of(result)
-    except KeyError:
-        shown = " and ".join(repr(s) for s in scalars)
-        raise trace_error(f"{what}: numpy promotes {traced[0].type} with the numpy scalar "
-                          f"{shown} to {result}, which is not an eqsat dtype "
-                          f"({', '.join(DTYPES)}); convert the scalar first, e.g. with "
-                          f"float() or np.float32()") from None
+    dtype = _result_dtype(what, traced, scalars)
     out = []
     for v in values:
         if isinstance(v, tracer) and v.dtype is not dtype:
@@ -279,17 +273,27 @@ def promote(what: str, values: Sequence[Any]) -> list[Any]:
     return out
 
 
+def _result_dtype(what: str, traced: Sequence[Tracer], scalars: Sequence[Any]) -> DType:
+    """numpy's `result_type` of the traced values' and the numpy scalars' dtypes, which must
+    be an eqsat dtype (two eqsat dtypes always promote to one; a float16 scalar may not)."""
+    result = np.result_type(*(v.dtype.np for v in traced), *(s.dtype for s in scalars))
+    try:
+        return DType.of(result)
+    except KeyError:
+        shown = " and ".join(dict.fromkeys(str(v.type) for v in traced))
+        scalar = " and ".join(repr(s) for s in scalars)
+        raise trace_error(f"{what}: numpy promotes {shown} with the numpy scalar {scalar} to "
+                          f"{result}, which is not an eqsat dtype ({', '.join(DTYPES)}); "
+                          f"convert the scalar first, e.g. with float() or np.float32()"
+                          ) from None
+
+
 def lift(what: str, values: Sequence[Any], extra: tuple[int, ...] | None = None) -> list[Tracer]:
-    """Operands made into tracers of one type: numpy scalars promoted as numpy does
-    (`promote`), broadcast to the common shape (joined with `extra`), Python scalars as
-    constants of the traced operands' dtype."""
+    """Operands made into tracers of one type: traced values and numpy scalars promoted to
+    one dtype as numpy does (`promote`), broadcast to the common shape (joined with `extra`),
+    Python scalars as constants of that dtype."""
     trace = active_trace(what, values)
     tracer = _tracer()
-    types = [v.type for v in values if isinstance(v, tracer)]
-    for t in types[1:]:
-        if t.dtype != types[0].dtype:
-            raise trace_error(f"{what}: operands have different dtypes ({types[0]} and {t}); "
-                              f"eqsat does not promote implicitly, convert one with .astype(...)")
     values = promote(what, values)
     types = [v.type for v in values if isinstance(v, tracer)]
     extra_types = [types[0].with_shape(extra)] if extra is not None else []
