@@ -92,6 +92,28 @@ def test_numpy_scalars_promote_as_numpy_does(tdt, sdt):
         np.testing.assert_array_equal(got, want, err_msg=label)
 
 
+@pytest.mark.parametrize("s", [0.5, 2, True], ids=lambda v: type(v).__name__)
+@pytest.mark.parametrize("tdt", TRACED, ids=lambda d: np.dtype(d).name)
+def test_python_scalars_are_weak_and_change_only_the_kind(tdt, s):
+    """A Python scalar takes the traced dtype unless its kind is higher: an i32 tensor with
+    0.5 is f64, a bool tensor with 2 is i64, an f32 tensor with 0.5 stays f32 (numpy 2)."""
+    t = DType.of(np.dtype(tdt))
+    x = np.array(VALUES[np.dtype(tdt).kind], tdt)
+    for label, kind, body, reference in cases(s):
+        # numpy's power has no bool loop: a bool tensor to an int power is int8, not an
+        # eqsat dtype, and refused
+        bool_power = label == "x ** s" and tdt is np.bool_ and type(s) is int
+        if refused(kind, np.result_type(x, s)) or bool_power:
+            with pytest.raises(TraceError):
+                traced_function(body, t)
+            continue
+        with np.errstate(divide="ignore", invalid="ignore"):
+            want = reference(x, COND)
+            got = run(traced_function(body, t), x, COND)
+        assert got.dtype == want.dtype, (label, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got, want, err_msg=label)
+
+
 def test_user_code_with_numpy_and_python_scalars():
     # np.sqrt(4) and np.int64(3) are strongly typed, np.pi and 0.5 are Python floats (weak)
     def body(x: DType.f32[4], n: DType.i32[4], w: DType.f64[4]):

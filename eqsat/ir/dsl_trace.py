@@ -255,14 +255,18 @@ def promote(what: str, values: Sequence[Any]) -> list[Any]:
     (np.float64(2), np.sqrt(4)) are strongly typed, so the result dtype is numpy's
     `result_type` of all their dtypes (f32 with f64 gives f64, f32 with i32 gives f64, i32 with
     i64 gives i64); the traced values of another dtype are cast to it and the numpy scalars
-    become Python values of it. Python scalars are weak and stay as they are, to take the
-    result dtype in `literal`."""
+    become Python values of it. Python scalars are weak: they change the kind only (an i32
+    with 0.5 is f64, a bool with 1 is i64) and stay as they are, to take the result dtype in
+    `literal`."""
     tracer = _tracer()
     traced = [v for v in values if isinstance(v, tracer)]
     scalars = [v for v in values if isinstance(v, NUMPY_SCALARS)]
-    if not traced or (not scalars and all(v.dtype is traced[0].dtype for v in traced)):
+    weak = [v for v in values if isinstance(v, (bool, int, float))
+            and not isinstance(v, NUMPY_SCALARS)]
+    if not traced or (not scalars and not weak
+                      and all(v.dtype is traced[0].dtype for v in traced)):
         return list(values)
-    dtype = _result_dtype(what, traced, scalars)
+    dtype = _result_dtype(what, traced, scalars, weak)
     out = []
     for v in values:
         if isinstance(v, tracer) and v.dtype is not dtype:
@@ -273,10 +277,15 @@ def promote(what: str, values: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _result_dtype(what: str, traced: Sequence[Tracer], scalars: Sequence[Any]) -> DType:
-    """numpy's `result_type` of the traced values' and the numpy scalars' dtypes, which must
-    be an eqsat dtype (two eqsat dtypes always promote to one; a float16 scalar may not)."""
-    result = np.result_type(*(v.dtype.np for v in traced), *(s.dtype for s in scalars))
+def _result_dtype(what: str, traced: Sequence[Tracer], scalars: Sequence[Any],
+                  weak: Sequence[bool | int | float] = ()) -> DType:
+    """numpy's `result_type` of the traced values' and the numpy scalars' dtypes, and of the
+    Python scalars `weak`, which change only the kind (an i32 with 0.5 is f64, a bool with 1
+    is i64, an f32 with 0.5 stays f32); it must be an eqsat dtype (two eqsat dtypes always
+    promote to one; a float16 scalar may not)."""
+    # a Python int beyond int64 decides nothing numpy would not refuse later (`literal` says so)
+    weak = [v for v in weak if not isinstance(v, int) or -2**63 <= v < 2**63]
+    result = np.result_type(*(v.dtype.np for v in traced), *(s.dtype for s in scalars), *weak)
     try:
         return DType.of(result)
     except KeyError:

@@ -19,7 +19,7 @@ from ..errors import TracedAttributeError
 from .dsl_trace import (Trace, as_tracer, binary, floor_divide, promote, trace_error, true_divide,
                         unary)
 from .ops import COMPARE
-from .types import TensorType
+from .types import DType, TensorType
 
 # numpy's keywords a traced method accepts only at their defaults, and what to write instead
 _NUMPY_KEYWORDS = {
@@ -226,6 +226,9 @@ def _pow(self: Tracer, other: Any, modulo: Any = None) -> Tracer:
     if modulo is not None:
         raise trace_error("pow(x, y, mod) with a modulus cannot be traced; eqsat has no "
                           "modulo op")
+    if self.dtype is DType.bool and type(other) is int:
+        raise trace_error("bool ** int: numpy computes a bool tensor to a Python int power in "
+                          "int8, which eqsat lacks; cast the tensor first (.astype(eqsat.i32))")
     if isinstance(other, (float, np.floating)) and other == 0.5:
         # numpy computes an array to a scalar 0.5 as sqrt (in the promoted dtype: an i32 or f32
         # array to np.float64(0.5) is the f64 sqrt), whose values differ from pow's at -inf
