@@ -17,6 +17,7 @@ import numpy as np
 
 from .errors import Error, LocatedError
 from .ir import Module, parse
+from .ir.formatter import format_source
 
 if TYPE_CHECKING:
     from .rules import Limits, RuleSet
@@ -77,8 +78,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_fmt(args: argparse.Namespace) -> int:
     failed: list[str] = []
-    for path, m, data in _loaded(args.files, failed):
-        text = str(m)
+    for path, _, data in _loaded(args.files, failed):
+        text = format_source(data, path)
         if args.check:
             # the text as read (stdin included), newlines read as Python's text files read them
             source = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
@@ -278,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("files", nargs="+", metavar="FILE", help="a .eqir file, or - for stdin")
     c.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     c.set_defaults(run=cmd_check)
-    f = sub.add_parser("fmt", help="print .eqir files in canonical form")
+    f = sub.add_parser("fmt", help="print .eqir files in canonical form, comments kept")
     f.add_argument("files", nargs="+", metavar="FILE", help="a .eqir file, or - for stdin")
     mode = f.add_mutually_exclusive_group()
     mode.add_argument("-i", "--in-place", action="store_true", help="rewrite the files")

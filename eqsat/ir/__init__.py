@@ -1,6 +1,7 @@
 """The IR: types, the op table, modules, text format, verifier, interpreter and tracing DSL."""
 
 from . import fused  # noqa: F401  (registers the fused-kernel and layout ops)
+from .formatter import format_source
 from .interpreter import interpret, interpret_function
 from .module import GRAD_KINDS, Function, GradDecl, Loc, Module, Param, Stmt
 from .ops import OPS, OpDef, register
@@ -17,6 +18,7 @@ def parse(text: str | bytes, source: str | None = None) -> Module:
 
 __all__ = [
     "GRAD_KINDS", "OPS", "DType", "Function", "GradDecl", "Loc", "Module", "OpDef", "Param",
-    "Signature", "Stmt", "TensorType", "decl_signature", "interpret", "interpret_function",
-    "parse", "parse_module", "print_module", "register", "signatures", "verify",
+    "Signature", "Stmt", "TensorType", "decl_signature", "format_source", "interpret",
+    "interpret_function", "parse", "parse_module", "print_module", "register", "signatures",
+    "verify",
 ]

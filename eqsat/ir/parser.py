@@ -35,7 +35,7 @@ NAME_CHARS = "names are letters, digits, '_' and '.'"
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    kind: str  # pname fname arrow number ident arg punct eof
+    kind: str  # pname fname arrow number ident arg punct eof, and comment when asked for
     text: str
     line: int
     col: int
@@ -54,8 +54,9 @@ def _shown(ch: str) -> str:
     return repr(ch) if ch.isprintable() else f"{ch!r} (U+{ord(ch):04X})"
 
 
-def tokenize(text: str, source: str | None = None) -> list[Token]:
-    """Split text into tokens; any character outside the format is a ParseError."""
+def tokenize(text: str, source: str | None = None, comments: bool = False) -> list[Token]:
+    """Split text into tokens; any character outside the format is a ParseError. Comments
+    are left out unless `comments` (the formatter keeps them)."""
     tokens: list[Token] = []
     pos, line, line_start = 0, 1, 0
     n = len(text)
@@ -75,7 +76,7 @@ def tokenize(text: str, source: str | None = None) -> list[Token]:
         if kind == "nl":
             line += 1
             line_start = m.end()
-        elif kind not in ("ws", "comment"):
+        elif kind != "ws" and (comments or kind != "comment"):
             if kind == "arg" and len(m.group()) > _MAX_NUMBER_LEN:  # int() refuses 4300 digits
                 raise ParseError(f"{m.group()[:20]}... with {len(m.group())} characters is too "
                                  f"long", line, pos - line_start + 1, source)
@@ -358,6 +359,12 @@ ATTR_PARSERS: dict[str, Any] = {}
 
 def parse_module(text: str | bytes, source: str | None = None) -> Module:
     """Parse `.eqir` text into a Module without verifying it."""
+    return _Parser(source_text(text, source), source).module()
+
+
+def source_text(text: str | bytes, source: str | None = None) -> str:
+    """The text the parser reads: bytes decoded as UTF-8, a leading byte order mark dropped
+    (so that line and column of every token are the same wherever the text is tokenized)."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
@@ -366,4 +373,4 @@ def parse_module(text: str | bytes, source: str | None = None) -> Module:
     if not isinstance(text, str):
         raise ParseError(f"expected text, got {type(text).__name__}", 0, 0, source)
     # Editors on Windows start UTF-8 files with a byte order mark; it is not part of the text.
-    return _Parser(text.removeprefix("\ufeff"), source).module()
+    return text.removeprefix("\ufeff")

@@ -77,8 +77,11 @@ def format_grad_decl(g: GradDecl) -> str:
     return f"func @{g.name} = {g.kind} @{g.of} wrt " + ", ".join(f"%{w}" for w in g.wrt)
 
 
-def print_module(m: Module) -> str:
-    """The canonical text of a module, one statement per line."""
+def module_lines(m: Module) -> list[str]:
+    """The lines of `print_module(m)`: every line but the blank ones ("", one before each
+    function and gradient declaration) is one item of the text, in order: the module line, a
+    function's header, each statement, its return and its closing brace, a declaration (the
+    formatter places comments by this)."""
     lines = [f"module @{m.name}"]
     for item in m.items:
         lines.append("")
@@ -86,4 +89,9 @@ def print_module(m: Module) -> str:
             lines += format_function(item)
         else:
             lines.append(format_grad_decl(item))
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def print_module(m: Module) -> str:
+    """The canonical text of a module, one statement per line."""
+    return "\n".join(module_lines(m)) + "\n"
