@@ -63,8 +63,6 @@ ERRORS = {  # marker: (body, message fragment); each body sits on the marked lin
     "array": (lambda x, n: x + np.ones(4), "a numpy array of shape (4,)"),
     "bool": (lambda x, n: x if x > 0 else -x, "truth value"),
     "where": (lambda x, n: dsl.where(x, x, x), "condition must be bool"),
-    "where-scalars": (lambda x, n: dsl.where(x > 0, 2.0, 3.0), "two Python scalars have none"),
-    "where-1-0": (lambda x, n: dsl.where(x > 0, 1.0, 0.0), "eqsat.cast(cond, eqsat.f32)"),
     "mean-int": (lambda x, n: dsl.mean(n), "mean: needs a float tensor"),
     "broadcast": (lambda x, n: dsl.broadcast_to(x, (4, 4)), "cannot broadcast f32[3,4] to"),
     "concat": (lambda x, n: dsl.concatenate([x, n.T]), "axis 0: f64[4,3] does not fit f64[3,4]"),

@@ -210,3 +210,26 @@ def test_layer_norm_takes_eps_in_the_dtype_of_x():
         return eqsat.layer_norm(x, eps=np.float64(1e-5))
 
     assert f.signature.results[0] == DType.f32[2, 3]
+
+
+def test_where_of_two_scalars_takes_numpys_dtype_for_them():
+    """np.where(c, 1.0, 0.0) is f64, (c, 1, 0) i64, two np.float32s f32: the scalars' own
+    dtype as numpy 2 gives it, since no traced value decides one."""
+    def body(x: DType.f32[4]):
+        c = x > 0
+        return (eqsat.where(c, 1.0, 0.0), eqsat.where(c, 1, 0), eqsat.where(c, 2, 0.5),
+                eqsat.where(c, np.float32(1), np.float32(0)), eqsat.where(c, True, False))
+
+    x = np.array([1.0, -1.0, 0.0, 2.0], np.float32)
+    c = x > 0
+    want = (np.where(c, 1.0, 0.0), np.where(c, 1, 0), np.where(c, 2, 0.5),
+            np.where(c, np.float32(1), np.float32(0)), np.where(c, True, False))
+    for got, w in zip(run(function(body), x), want):
+        assert got.dtype == w.dtype
+        np.testing.assert_array_equal(got, w)
+
+    def half(x: DType.f32[4]):
+        return eqsat.where(x > 0, np.float16(1), np.float16(0))
+
+    with pytest.raises(TraceError, match="dtype eqsat lacks"):
+        function(half)

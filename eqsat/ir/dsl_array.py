@@ -16,7 +16,7 @@ from .dsl_trace import (active_trace, as_tracer, broadcast_shape, broadcast_to_t
                         true_divide)
 from .dsl_tracer import Tracer
 from .ops import broadcastable
-from .types import DTYPES, DType
+from .types import DTYPES, DType, TensorType
 
 
 def normalize_axis(axis: Any, rank: int, what: str) -> int:
@@ -144,17 +144,36 @@ def where(cond: Any, x: Any, y: Any) -> Tracer:
     if isinstance(cond, Tracer) and cond.dtype is not DType.bool:
         raise trace_error(f"select: the condition must be bool, got {cond.type}; compare first, "
                           f"e.g. where(x > 0, x, 0.0)")
-    if not isinstance(x, Tracer) and not isinstance(y, Tracer):
-        hint = (" (for 1 where the condition holds and 0 elsewhere, cast it: "
-                "eqsat.cast(cond, eqsat.f32))" if (x, y) == (1, 0) else "")
-        raise trace_error(f"select: x or y must be a traced value, whose dtype the result "
-                          f"takes; two Python scalars have none{hint}")
     extra = cond.shape if isinstance(cond, Tracer) else ()
+    if not isinstance(x, Tracer) and not isinstance(y, Tracer):
+        # numpy's dtype of two scalars: 1.0 and 0.0 give f64, 1 and 0 i64, np.float32s f32
+        x = _scalar_array(trace, x, _scalars_dtype(x, y), extra)
     a, b = lift("select", [x, y], extra)
     c_type = a.type.with_dtype(DType.bool)
     c = (broadcast_to_type(cond, c_type) if isinstance(cond, Tracer)
          else constant(trace, literal(cond, c_type, "select"), c_type))
     return emit(trace, "select", [c, a, b])
+
+
+def _scalars_dtype(x: Any, y: Any) -> DType:
+    """The dtype numpy gives `np.where(c, x, y)` for two scalars (it must be an eqsat one)."""
+    for v in (x, y):
+        if not isinstance(v, (bool, int, float, np.bool_, np.number)):
+            raise trace_error(f"select: cannot take {describe(v)} as a value")
+    try:
+        result = np.result_type(x, y)
+        return DType.of(result)
+    except (KeyError, OverflowError, TypeError):
+        raise trace_error(f"select: numpy makes {x!r} and {y!r} a dtype eqsat lacks; "
+                          f"convert them first, e.g. with float() or np.float32()") from None
+
+
+def _scalar_array(trace: Any, value: Any, dtype: DType, shape: tuple[int, ...]) -> Tracer:
+    """A constant of `dtype` filling `shape`."""
+    t = TensorType(dtype, shape)
+    if isinstance(value, (np.bool_, np.number)):
+        value = value.item()
+    return constant(trace, literal(value, t, "select"), t)
 
 
 def matmul(a: Any, b: Any) -> Tracer:
