@@ -190,9 +190,8 @@ def literal(value: Any, t: TensorType, what: str) -> Scalar:
                           f"not {value!r}")
     if t.dtype.is_int:
         if isinstance(value, float):
-            raise trace_error(f"{what}: cannot combine {t} with the float {value!r}; a Python "
-                              f"scalar takes the tensor's dtype in eqsat (numpy would make "
-                              f"f64), convert with .astype(eqsat.f32)")
+            raise trace_error(f"{what}: an {t.dtype} value cannot hold the float {value!r}; "
+                              f"convert with .astype(eqsat.f32) first")
         value = int(value)
         info = np.iinfo(t.dtype.np)
         if not info.min <= value <= info.max:
