@@ -30,3 +30,12 @@ def close(got, want, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     """Same dtype, and values within the tolerances."""
     assert np.asarray(got).dtype == np.asarray(want).dtype
     np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def refused(kind: str, result: np.dtype) -> bool:
+    """Where eqsat has no op for numpy's operation in the promoted dtype: floor division of
+    floats, and arithmetic, maximum and matmul on bools (true division of integers and bools
+    is done in f64, as numpy does)."""
+    if kind == "//":
+        return result.kind != "i"
+    return kind in ("+", "-", "*", "**", "maximum", "minimum", "@") and result.kind == "b"

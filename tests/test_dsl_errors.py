@@ -53,7 +53,6 @@ def test_error_in_a_helper_names_the_helpers_line():
 
 ERRORS = {  # marker: (body, message fragment); each body sits on the marked line below
     "promoted-floordiv": (lambda x, n: x // n, "floor division of f64[3,4]"),
-    "int-div": (lambda x, n: n / n, "true division of i32[3,4]"),
     "float-floordiv": (lambda x, n: x // 2.0, "floor division of f32[3,4]"),
     "axis": (lambda x, n: dsl.sum(x, axis=2), "sum: axis 2 is out of range for rank 2"),
     "reshape": (lambda x, n: x.reshape(5, 3), "reshape must keep the element count"),

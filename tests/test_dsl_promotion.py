@@ -17,23 +17,13 @@ from eqsat.errors import TraceError
 from eqsat.ir.dsl import function
 from eqsat.ir.types import DType
 
-from dsl_helpers import OPERATORS, run
+from dsl_helpers import OPERATORS, refused, run
 
 TRACED = [np.float32, np.float64, np.int32, np.int64, np.bool_]
 SCALARS = [np.float32, np.float64, np.int32, np.int64, np.bool_]
 # integers stay positive so that numpy's integer ** never meets a negative exponent
 VALUES = {"f": [-1.5, 0.5, 2.0, 3.0], "i": [1, 2, 3, 5], "b": [True, False, True, False]}
 COND = np.array([True, False, False, True])
-
-
-def refused(kind: str, result: np.dtype) -> bool:
-    """Where eqsat has no op for numpy's operation in the promoted dtype: true division of
-    integers, floor division of floats, and arithmetic or maximum on bools."""
-    if kind == "/":
-        return result.kind != "f"
-    if kind == "//":
-        return result.kind != "i"
-    return kind in ("+", "-", "*", "**", "maximum", "minimum") and result.kind == "b"
 
 
 def cases(s):

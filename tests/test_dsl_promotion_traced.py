@@ -16,7 +16,7 @@ from eqsat.errors import TraceError, VerifyError
 from eqsat.ir.dsl import function
 from eqsat.ir.types import DType
 
-from dsl_helpers import OPERATORS, run
+from dsl_helpers import OPERATORS, refused, run
 
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.bool_]
 # two different operands per kind; integers stay positive so that numpy's integer ** never
@@ -26,16 +26,6 @@ VALUES = {"f": ([[-1.5, 0.5, 2.0], [3.0, -0.25, 1.0]], [[2.0, -3.0, 0.5], [1.5, 
           "b": ([[True, False, True], [False, True, True]],
                 [[True, True, False], [False, True, False]])}
 COND = np.array([[True, False, False], [True, True, False]])
-
-
-def refused(kind: str, result: np.dtype) -> bool:
-    """Where eqsat has no op for numpy's operation in the promoted dtype: true division of
-    integers, floor division of floats, arithmetic, maximum and matmul on bools."""
-    if kind == "/":
-        return result.kind != "f"
-    if kind == "//":
-        return result.kind != "i"
-    return kind in ("+", "-", "*", "**", "maximum", "minimum", "@") and result.kind == "b"
 
 
 def cases():

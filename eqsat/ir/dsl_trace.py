@@ -326,11 +326,11 @@ def binary(op: str, x: Any, y: Any) -> Tracer:
 
 
 def true_divide(x: Any, y: Any) -> Tracer:
-    """`x / y` for float tensors (the IR's integer `div` floors, unlike numpy's `/`)."""
+    """`x / y` as numpy's true division: integers and bools are divided in f64 (the IR's
+    `div` floors on integers, so they are cast first)."""
     a, b = lift("div", [x, y])
     if not a.dtype.is_float:
-        raise trace_error(f"div: true division of {a.type} would need a float result; convert "
-                          f"with .astype(eqsat.f32) first, or use // for floor division")
+        a, b = (emit(v.trace, "cast", [v], written=v.type.with_dtype(DType.f64)) for v in (a, b))
     return emit(a.trace, "div", [a, b])
 
 
