@@ -218,3 +218,18 @@ def test_where_of_two_scalars_takes_numpys_dtype_for_them():
 
     with pytest.raises(TraceError, match="dtype eqsat lacks"):
         function(half)
+
+
+def test_float_functions_and_reductions_of_integers_take_numpys_dtypes():
+    """np.exp of an i32 tensor is f64, as are its mean and sqrt; the sum of an i32 or bool
+    tensor is i64 (numpy's default integer), its max keeps i32."""
+    def body(n: DType.i32[2, 3], m: DType.i64[2, 3], b: DType.bool[2, 3]):
+        return (np.exp(n), np.sqrt(m), np.tanh(n), np.log(m), np.sin(n), np.cos(m),
+                n.sum(), m.sum(axis=0), b.sum(axis=1), np.sum(n, axis=()), n.mean(),
+                b.mean(axis=0), m.mean(axis=1, keepdims=True), n.max(), b.max(axis=0))
+
+    n = np.array([[1, 2, 3], [4, 5, 6]], np.int32)
+    m, b = n.astype(np.int64) * 3, n > 2
+    for got, want in zip(run(function(body), n, m, b), body(n, m, b)):
+        assert got.dtype == np.asarray(want).dtype
+        np.testing.assert_allclose(got, want, rtol=1e-15)

@@ -39,9 +39,12 @@ def normalize_axes(axis: Any, rank: int, what: str) -> tuple[int, ...]:
 
 
 def reduce(op: str, x: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
-    """A reduction over `axis` (None: all); `keepdims` keeps them with length 1 via reshape."""
+    """A reduction over `axis` (None: all); `keepdims` keeps them with length 1 via reshape.
+    A sum of i32 or bool is taken in i64, as numpy's sum does (its default integer)."""
     x = as_tracer(x, op)
     axes = normalize_axes(axis, x.ndim, op)
+    if op == "sum" and x.dtype in (DType.i32, DType.bool):
+        x = emit(x.trace, "cast", [x], written=x.type.with_dtype(DType.i64))
     if not axes:
         return x
     out = emit(x.trace, op, [x], {"axes": axes})
@@ -51,11 +54,11 @@ def reduce(op: str, x: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
 
 
 def mean(x: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
-    """The arithmetic mean over `axis`: the sum divided by the count (float tensors only)."""
+    """The arithmetic mean over `axis`: the sum divided by the count; of an integer or bool
+    tensor in f64, as numpy's mean is."""
     x = as_tracer(x, "mean")
     if not x.dtype.is_float:
-        raise trace_error(f"mean: needs a float tensor, got {x.type}; convert with "
-                          f".astype(eqsat.f32) first")
+        x = emit(x.trace, "cast", [x], written=x.type.with_dtype(DType.f64))
     axes = normalize_axes(axis, x.ndim, "mean")
     count = 1
     for a in axes:

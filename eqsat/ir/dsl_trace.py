@@ -313,9 +313,20 @@ def lift(what: str, values: Sequence[Any], extra: tuple[int, ...] | None = None)
 # ---------------------------------------------------------------- primitives
 
 
+# numpy's float functions run an integer tensor in f64 (np.exp(i32) is f64), and a bool one in
+# float16, which eqsat lacks; `recip` is not among them: np.reciprocal of integers is integer
+_FLOAT_FUNCTIONS = frozenset({"exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "sin", "cos"})
+
+
 def unary(op: str, x: Any) -> Tracer:
-    """An elementwise op of the table's unary family."""
+    """An elementwise op of the table's unary family; a float function of an integer tensor
+    is computed in f64, as numpy does."""
     trace = active_trace(op, [x])
+    if op in _FLOAT_FUNCTIONS and isinstance(x, _tracer()) and not x.dtype.is_float:
+        if x.dtype is DType.bool:
+            raise trace_error(f"{op}: numpy computes it of a bool tensor ({x.type}) in "
+                              f"float16, which eqsat lacks; cast first: .astype(eqsat.f32)")
+        x = emit(trace, "cast", [x], written=x.type.with_dtype(DType.f64))
     return emit(trace, op, [x])
 
 
