@@ -57,7 +57,7 @@ ERRORS = {  # marker: (body, message fragment); each body sits on the marked lin
     "axis": (lambda x, n: dsl.sum(x, axis=2), "sum: axis 2 is out of range for rank 2"),
     "reshape": (lambda x, n: x.reshape(5, 3), "reshape must keep the element count"),
     "exp-bool": (lambda x, n: dsl.exp(n > 0), "exp: numpy computes it of a bool tensor"),
-    "slice-step": (lambda x, n: x[::2], "step 2 is not supported"),
+    "slice-step": (lambda x, n: x[::-1], "step -1 is not supported"),
     "index": (lambda x, n: x[3], "index 3 is out of range for axis 0"),
     "array": (lambda x, n: x + np.ones(4), "a numpy array of shape (4,)"),
     "bool": (lambda x, n: x if x > 0 else -x, "truth value"),

@@ -204,7 +204,8 @@ def matmul(a: Any, b: Any) -> Tracer:
 
 
 def getitem(x: Tracer, key: Any) -> Tracer:
-    """Basic indexing: ints, slices with step 1, `...` and None, as a `slice` and a reshape."""
+    """Basic indexing: ints, slices, `...` and None, as a `slice` and a reshape (a slice with
+    a step > 1 also takes every step-th element: `_every`)."""
     x = as_tracer(x, "slice")
     key = key if isinstance(key, tuple) else (key,)
     used = sum(1 for k in key if k is not None and k is not Ellipsis)
@@ -214,22 +215,27 @@ def getitem(x: Tracer, key: Any) -> Tracer:
         raise trace_error(f"slice: too many indices for {x.type}: {used} given")
     i = next((j for j, k in enumerate(key) if k is Ellipsis), len(key))
     key = key[:i] + (slice(None),) * (x.ndim - used) + key[i + 1:]
-    start, stop, shape, axis = [], [], [], 0
+    start, stop, shape, steps, axis = [], [], [], [], 0
     for k in key:
         if k is None:
             shape.append(1)
             continue
         d = x.shape[axis]
         if isinstance(k, slice):
-            if k.step not in (None, 1):
-                raise trace_error(f"slice: step {k.step!r} is not supported (only step 1)")
+            step = 1 if k.step is None else index(k.step, "slice")
+            if step < 1:
+                raise trace_error(f"slice: step {step} is not supported (eqsat has no reversal; "
+                                  f"steps are positive)")
             for part in (k.start, k.stop):
                 if part is not None:
                     index(part, "slice", clipped=True)
             s, e, _ = k.indices(d)
+            n = len(range(s, e, step))
             start.append(s)
-            stop.append(max(s, e))
-            shape.append(max(s, e) - s)
+            stop.append(s + (n - 1) * step + 1 if n else s)
+            shape.append(n)
+            if step > 1 and n > 1:
+                steps.append((axis, step, n))
         elif isinstance(k, (bool, np.bool_, Tracer)) or not hasattr(k, "__index__"):
             raise trace_error(f"slice: unsupported index {describe(k)}; use ints, slices with "
                               f"step 1, ... and None")
@@ -244,6 +250,26 @@ def getitem(x: Tracer, key: Any) -> Tracer:
     out = x
     if tuple(start) != (0,) * x.ndim or tuple(stop) != x.shape:
         out = emit(x.trace, "slice", [x], {"start": tuple(start), "stop": tuple(stop)})
+    for a, step, n in steps:
+        out = _every(out, a, step, n)
     return reshape(out, tuple(shape))
+
+
+def _every(x: Tracer, axis: int, step: int, n: int) -> Tracer:
+    """Elements 0, step, ..., (n-1)*step of `x` along `axis` (whose length is (n-1)*step+1):
+    the first n-1 as rows of a reshape to (n-1, step) whose first column is kept, and the
+    last one joined after them."""
+    def part(lo: int, hi: int) -> Tracer:
+        bounds = [(0, d) for d in x.shape]
+        bounds[axis] = (lo, hi)
+        return emit(x.trace, "slice", [x], {"start": tuple(b[0] for b in bounds),
+                                            "stop": tuple(b[1] for b in bounds)})
+
+    head = part(0, (n - 1) * step)
+    head = reshape(head, x.shape[:axis] + (n - 1, step) + x.shape[axis + 1:])
+    head = reshape(getitem(head, (slice(None),) * (axis + 1) + (slice(0, 1),)),
+                   x.shape[:axis] + (n - 1,) + x.shape[axis + 1:])
+    last = part((n - 1) * step, (n - 1) * step + 1)
+    return concatenate([head, last], axis)
 
 
