@@ -73,8 +73,8 @@ def interpret(module: Module, name: str, /, *arrays: Any, **named: Any
     first, so `interpret(m, "loss_grad", ...)` works on a module as parsed. `name` may be the
     traced function itself. Arguments may also be passed by parameter name.
     """
-    return _interpret(differentiate(_as_module(module, "interpret")), function_name(name),
-                      *arrays, **named)
+    module = _as_module(module, "interpret")
+    return _interpret(differentiate(module), function_name(name, module), *arrays, **named)
 
 
 def optimize(module: Module, rules: Any = None, target: str = "cpu", limits: Any = None,
@@ -112,10 +112,11 @@ def compile(module: Module, target: str = "cpu", optimize: bool = True, rules: A
         from .rules.runner import checked_limits
 
         checked_limits(limits)
-    m = differentiate(_as_module(module, "compile"))
+    source = _as_module(module, "compile")
+    m = differentiate(source)
     if optimize:
         m = _optimize_cached(m, rules, target, limits)
-    return backend.compile_module(m)
+    return backend.compile_module(m, source=source)
 
 
 def _optimize_cached(module: Module, rules: Any, target: str, limits: Any) -> Module:

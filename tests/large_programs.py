@@ -70,13 +70,12 @@ def trace(name: str, body: Callable[[Program], Sequence[Tracer]],
           scales: dict[str, float], callees: list | None = None) -> Function:
     """Trace `body` (which declares its parameters on the Program) into a Function; the IR
     items of the functions it calls are appended to `callees`."""
-    from eqsat.ir.dsl_function import _closure
     from eqsat.ir.module import Param
     with tracing(name) as tr:
         prog = Program(tr, scales)
         outs = list(body(prog))
     if callees is not None:
-        callees.extend(_closure(tr.callees))
+        callees.extend(tr.items.values())
     return Function(name, tuple(Param(n, t) for n, t in prog.params),
                     tuple(o.type for o in outs), tuple(tr.body), tuple(o.name for o in outs))
 

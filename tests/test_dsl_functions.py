@@ -1,6 +1,6 @@
-"""Traced functions as functions: calls between them and the modules they bring, names
-(unique per process, kept across pickling), eager calls through the interpreter, functions
-wrapped from IR and gradient declarations, string annotations."""
+"""Traced functions as functions: calls between them and the modules they bring, pickling,
+eager calls through the interpreter, functions wrapped from IR and gradient declarations,
+string annotations (names: test_dsl_names.py)."""
 
 import numpy as np
 import pytest
@@ -106,30 +106,6 @@ def test_call_with_only_scalar_arguments_inside_a_trace_is_a_call():
             return x * square(np.ones((), np.float32))
 
 
-def make_layer(n):
-    @function
-    def layer(x: f32[4]):
-        return x * float(n)
-
-    return layer
-
-
-def test_name_clashes_get_unique_names():
-    one, two, one_again = make_layer(1), make_layer(2), make_layer(1)
-    assert one.name != two.name
-    assert one_again.name == one.name  # identical IR keeps its name
-
-    @function
-    def both(x: f32[4]):
-        return one(x) + two(x)
-
-    m = Module(both)
-    assert {it.name for it in m} == {one.name, two.name, both.name}
-    verify(m)
-    assert parse(str(m)) == m
-    close(run(both, np.ones(4, np.float32)), np.full(4, 3, np.float32))
-
-
 def test_from_ir_wraps_generated_functions_and_declarations():
     fn = Function("twice_gen", affine.ir.params, affine.ir.result_types,
                   affine.ir.body, affine.ir.returns)
@@ -214,43 +190,3 @@ def test_traced_functions_pickle_as_their_ir():
     assert (back.__name__, back.__doc__) == ("outer", "A docstring kept across pickling.")
     x, y = np.float32([0.5, -1.0, 2.0]), np.float32([1.0, 2.0, 3.0])
     np.testing.assert_array_equal(back(x, y), outer(x, y))
-
-
-def test_unpickled_functions_take_their_names_in_the_new_process(monkeypatch):
-    """A traced function unpickled in a fresh process (a worker) did not register its names
-    there: a different function traced there under a callee's name took that name too, and a
-    function using both failed with 'two different functions are named @f'."""
-    import pickle
-
-    from eqsat.ir import dsl_function
-
-    def make_f(k: float) -> TracedFunction:
-        def pickled_callee(x: DType.f32[3]):
-            return x * k
-        return function(pickled_callee)
-
-    f = make_f(2.0)
-
-    @function
-    def pickled_caller(x: DType.f32[3]):
-        return f(x) + 1.0
-
-    blob = pickle.dumps(pickled_caller)
-    x = np.float32([1.0, 2.0, 3.0])
-    for first_here in ("unpickled", "traced"):  # a fresh process: no names handed out yet
-        monkeypatch.setattr(dsl_function, "_NAMES", {})
-        if first_here == "traced":
-            other = make_f(5.0)
-        back = pickle.loads(blob)
-        if first_here == "unpickled":
-            other = make_f(5.0)
-
-        @function
-        def h(x: DType.f32[3]):
-            return back(x) + other(x)
-
-        f_name = "pickled_callee"
-        assert back.name == "pickled_caller"
-        assert other.name == (f_name if first_here == "traced" else f_name + "_2")
-        assert {it.name for it in h.module} == {f_name, f_name + "_2", back.name, h.name}
-        np.testing.assert_allclose(h(x), x * 2.0 + 1.0 + x * 5.0)

@@ -28,7 +28,6 @@ from hypothesis import settings
 
 import eqsat
 from eqsat import cli
-from eqsat.ir import dsl_function
 from eqsat.ir.printer import format_function
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,13 +112,6 @@ def _param(b: Block) -> Any:
     return pytest.param(b, id=f"README.md:{b.line}-{b.kind.split()[0]}", marks=marks)
 
 
-@pytest.fixture
-def fresh_names(monkeypatch):
-    """Trace as a fresh interpreter does: a `loss` traced by another test would otherwise
-    hold the name, and the README's `loss` would be traced as `loss_2`."""
-    monkeypatch.setattr(dsl_function, "_NAMES", {})
-
-
 def run_python(b: Block, namespace: dict) -> str:
     """Run block `b` in `namespace`, then any test it defines; what it printed."""
     before = set(namespace)
@@ -133,7 +125,7 @@ def run_python(b: Block, namespace: dict) -> str:
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
-def test_readme_block(block: Block, fresh_names) -> None:
+def test_readme_block(block: Block) -> None:
     check = CHECKS.get(block.kind)
     assert check is not None, (f"README.md:{block.line}: no test knows this block "
                                f"({block.kind}); teach tests/test_readme.py or list it in SKIPPED")

@@ -142,8 +142,12 @@ def _from_disk(directory: Path | None, key: str, module: Module
     return code, layout
 
 
-def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFAULT) -> Executable:
+def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFAULT,
+                   source: Module | None = None) -> Executable:
     """Compile a verified module of plain functions for this CPU.
+
+    `source` is the module `module` was made from (by differentiating and optimizing), where
+    `exe(f, ...)` looks up the name of a traced function `f`; by default `module` itself.
 
     Compiled code is cached in memory (while an Executable of it lives) and under `cache_dir`
     (default ~/.cache/eqsat/objects; None turns the disk cache off; "" is refused), keyed by
@@ -175,4 +179,4 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
                 code, layout = cached
             _memory[key] = code
             _layouts[code] = layout
-    return Executable(module, code, layout, key)
+    return Executable(module, code, layout, key, source)

@@ -180,10 +180,12 @@ def emit_ptx(module: Module, arch: str = T.DEFAULT_ARCH) -> str:
     return build(module, arch).ptx
 
 
-def compile_module(module: Module, arch: str = T.DEFAULT_ARCH):  # -> CudaExecutable
+def compile_module(module: Module, arch: str = T.DEFAULT_ARCH,
+                   source: Module | None = None):  # -> CudaExecutable
     """Compile for the GPU: returns an executable whose calls run there and return numpy
-    arrays. Raises eqsat.Error when cuda-bindings, the driver or a GPU is missing."""
+    arrays. Raises eqsat.Error when cuda-bindings, the driver or a GPU is missing. `source`:
+    as for the CPU's compile_module."""
     from .cuda_runtime import CudaExecutable, require_gpu
 
     require_gpu()
-    return CudaExecutable(module, build(module, arch))
+    return CudaExecutable(module, build(module, arch), source)

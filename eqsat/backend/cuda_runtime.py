@@ -146,10 +146,11 @@ class CudaExecutable:
     Returns fresh numpy arrays, one result as an array and several as a tuple, like the CPU
     Executable. Calls are serialized (each function owns one device arena)."""
 
-    def __init__(self, module: Module, program: PtxProgram):
+    def __init__(self, module: Module, program: PtxProgram, source: Module | None = None):
         drv = _driver()
         _context()
         self.module = module
+        self._source = source  # as in the CPU Executable
         self.program = program
         self.ptx = program.ptx
         self._cumod = _check(drv.cuModuleLoadData(program.ptx.encode() + b"\0"),
@@ -175,7 +176,7 @@ class CudaExecutable:
                  ) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run function `name` (or the @eqsat.function itself) on numpy arrays (or device
         arrays), passed in order or by parameter name, and return numpy arrays."""
-        name = function_name(name)
+        name = function_name(name, self.module if self._source is None else self._source)
         plan = self.program.plans.get(name)
         if plan is None:
             raise UnknownFunction.among("the executable", name, self.program.plans)
@@ -264,9 +265,14 @@ class CudaExecutable:
         """Pickled (and copied) as its module and arch, compiled again where it is loaded, as
         the CPU Executable is: a loaded driver module, device memory and a lock cannot go to
         another process."""
-        from .cuda import compile_module
-
-        return (compile_module, (self.module, self.program.arch))
+        return (_recompiled, (self.module, self.program.arch, self._source))
 
     def __repr__(self) -> str:
         return f"<eqsat.CudaExecutable @{self.module.name}: {', '.join(self.functions)}>"
+
+
+def _recompiled(module: Module, arch: str, source: Module | None) -> CudaExecutable:
+    """A CudaExecutable back from pickle: `module` compiled again, with its source module."""
+    from .cuda import compile_module
+
+    return compile_module(module, arch, source)

@@ -165,9 +165,13 @@ class Executable:
     scalar), several as a tuple. Calls from several Python threads at once are safe.
     """
 
-    def __init__(self, module: Module, code: Code, layout: dict[str, Any], key: str = ""):
+    def __init__(self, module: Module, code: Code, layout: dict[str, Any], key: str = "",
+                 source: Module | None = None):
         self.module = module
         self.key = key
+        # The module as given to eqsat.compile (before differentiating and optimizing), where a
+        # traced function passed as `exe(f, ...)` is looked up; None: `module` itself.
+        self._source = source
         self._code = code  # keeps the machine code alive as long as the entries
         # layout (cpu._layout): {"align": bytes, "functions": {name: {"symbol", "arena_bytes"}}}
         align = int(layout["align"])
@@ -194,7 +198,7 @@ class Executable:
         """Run function `name` (or the @eqsat.function itself) on numpy arrays (or values numpy
         can convert), passed in order or by parameter name."""
         if type(name) is not str:
-            name = function_name(name)
+            name = function_name(name, self.module if self._source is None else self._source)
         entry = self._entries.get(name)
         if entry is None:
             raise UnknownFunction.among("the executable", name, self._entries)
@@ -219,9 +223,14 @@ class Executable:
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (and copied) as its module, compiled again where it is loaded (a cache hit:
         milliseconds): machine code and ctypes pointers cannot go to another process."""
-        from .cpu import compile_module
-
-        return (compile_module, (self.module,))
+        return (_recompiled, (self.module, self._source))
 
     def __repr__(self) -> str:
         return f"<eqsat.Executable @{self.module.name}: {', '.join(self.functions)}>"
+
+
+def _recompiled(module: Module, source: Module | None) -> Executable:
+    """An Executable back from pickle: `module` compiled again, with its source module."""
+    from .cpu import compile_module
+
+    return compile_module(module, source=source)

@@ -7,11 +7,9 @@ with numpy arrays it runs the reference interpreter.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import inspect
 import re
-import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -20,53 +18,30 @@ from .dsl_trace import (active_trace, constant, current_trace, describe, literal
                         tracing)
 from .dsl_tracer import Tracer
 from .interpreter import bind_arguments, interpret
-from .module import Function, GradDecl, Item, Module, Param, Stmt, _expand
+from .module import Function, GradDecl, Item, Module, Param, Stmt, _expand, merge_items
 from .printer import format_function, format_grad_decl
 from .types import TensorType, shape_problem
 from .verifier import Signature, signatures, verify
 
 _IR_NAME = re.compile(r"[A-Za-z0-9_]+\Z")
 
-# Every name handed out in this process, with the item that holds it: two different functions
-# never share a name, so a module built from any of them verifies. Identical IR keeps its name.
-_NAMES: dict[str, Item] = {}
-_NAMES_LOCK = threading.Lock()
-
-
-def _unique(item: Item) -> Item:
-    """`item` under its own name, or under `name_2`, `name_3`, ... if a different item holds it."""
-    with _NAMES_LOCK:
-        n = 1
-        while True:
-            name = item.name if n == 1 else f"{item.name}_{n}"
-            candidate = item if n == 1 else dataclasses.replace(item, name=name)
-            held = _NAMES.get(name)
-            if held is None or held == candidate:
-                _NAMES[name] = candidate
-                return candidate
-            n += 1
-
-
-def _closure(items: Iterable[Any]) -> tuple[Item, ...]:
-    """The IR items that `items` stand for, callees before callers, each once."""
-    out: dict[str, Item] = {}
+def _closure(items: Iterable[Any]) -> dict[str, Item]:
+    """The IR items that `items` stand for, callees before callers, each once, by name (a
+    different item of a name already taken is renamed as `Module` does)."""
+    index: dict[str, Item] = {}
     for item in items:
-        for it in _expand(item):
-            held = out.setdefault(it.name, it)
-            if held != it:
-                raise Error(f"two different functions are named @{it.name}; give one of them "
-                            f"another name")
-    return tuple(out.values())
+        merge_items(index, _expand(item))
+    return index
 
 
-def function_name(name: Any) -> str:
-    """`name`, or a traced function's own name (its Python name, or `name_2` ... when another
-    function took that first): callers may pass the function where a name is asked for.
+def function_name(name: Any, module: Module | None = None) -> str:
+    """`name`, or the name a traced function has in `module` (without one, its own name):
+    callers may pass the function where a name is asked for.
 
     Anything else is an `UnknownFunction` (an array passed first, the name forgotten, would
     otherwise reach a dict lookup as an unhashable key and raise a TypeError)."""
     if isinstance(name, TracedFunction):
-        return name.name
+        return name.name if module is None else name.name_in(module)
     if not isinstance(name, str):
         raise UnknownFunction(f"a function is named by a string or an @eqsat.function, got a "
                               f"value of type {type(name).__name__}; the name comes first: "
@@ -94,14 +69,15 @@ class TracedFunction:
         """Wrap an IR function (or gradient declaration) and the items it refers to.
 
         `items` may hold Functions, GradDecls and TracedFunctions; their callees come along.
-        Names are made unique as for traced functions (calls follow a renamed item): read the
-        function's back from `.name`.
+        Names are made unique in this closure as `Module` does (calls follow a renamed item),
+        `function` last: read its name back from `.name`.
         """
         if not isinstance(function, (Function, GradDecl)):
             raise Error(f"TracedFunction.from_ir takes a Function or GradDecl, "
                         f"not {type(function).__name__}")
-        adopted = _adopt(_closure(items) + (function,))
-        out = cls(adopted[-1], _closure(adopted))
+        index = _closure(items)
+        name = merge_items(index, [function]).get(function.name, function.name)
+        out = cls(index[name], tuple(index.values()))
         out.module  # verify now, so a bad function fails where it is made
         return out
 
@@ -111,6 +87,19 @@ class TracedFunction:
         not find the function by name."""
         return _restore, (self.ir, self._items, {k: getattr(self, k) for k in _WRAPPER_ATTRS
                                                 if hasattr(self, k)})
+
+    def name_in(self, module: Module) -> str:
+        """The name this function's IR has in `module`: its own where the module's item of
+        that name is its IR (calling the same callees), else that of the item equal to it up
+        to names (callees renamed alike, as `Module` renames them); an `UnknownFunction` where
+        there is none. Two functions of one body calling different callees differ."""
+        index = {it.name: it for it in reversed(module.items)}  # the first of a name, as m[n]
+        name = merge_items(index, self._items).get(self.name, self.name)
+        if name in module:  # merge_items added nothing under it: the module's item matched
+            return name
+        raise UnknownFunction(f"the traced function {self.name} is not in module "
+                              f"@{module.name}" + (f": its @{self.name} is a different function"
+                                                   if self.name in module else ""))
 
     def __eqsat_items__(self) -> list[Item]:
         """The IR items this function needs, callees first, itself last (for `Module`)."""
@@ -158,11 +147,14 @@ class TracedFunction:
                 operands.append(v)
             else:
                 operands.append(constant(trace, literal(v, p.type, what), p.type))
-        if not any(c is self for c in trace.callees):
-            trace.callees.append(self)
+        callee = next((n for c, n in trace.callees if c is self), None)
+        if callee is None:
+            renamed = merge_items(trace.items, self._items, reserved={trace.name})
+            callee = renamed.get(self.name, self.name)
+            trace.callees.append((self, callee))
         names = tuple(trace.fresh() for _ in sig.results)
         trace.body.append(Stmt(names, "call", tuple(o.name for o in operands),
-                               (("callee", self.name),), sig.results))
+                               (("callee", callee),), sig.results))
         outs = tuple(Tracer(trace, n, t) for n, t in zip(names, sig.results))
         return outs[0] if len(outs) == 1 else outs
 
@@ -234,40 +226,11 @@ def _results(out: Any, trace: Any, name: str, note: Any) -> tuple[Tracer, ...]:
 _WRAPPER_ATTRS = ("__module__", "__name__", "__qualname__", "__doc__")
 
 
-def _retarget(item: Item, renamed: dict[str, str]) -> Item:
-    """`item` with its calls (or its declaration's target) following `renamed`."""
-    if not renamed:
-        return item
-    if isinstance(item, GradDecl):
-        return dataclasses.replace(item, of=renamed.get(item.of, item.of))
-    body = tuple(dataclasses.replace(s, attrs=tuple(
-        (k, renamed.get(v, v) if k == "callee" else v) for k, v in s.attrs))
-        if s.op == "call" else s for s in item.body)
-    return dataclasses.replace(item, body=body)
-
-
-def _adopt(items: tuple[Item, ...]) -> tuple[Item, ...]:
-    """Items made in another process (callees first) under names unique in this one, as if
-    traced here: each keeps its name unless a different item holds it (then `name_2`, ...),
-    and the calls of the items after it follow."""
-    renamed: dict[str, str] = {}
-    out = []
-    for item in items:
-        held = _unique(_retarget(item, renamed))
-        if held.name != item.name:
-            renamed[item.name] = held.name
-        out.append(held)
-    return tuple(out)
-
-
 def _restore(ir: Function | GradDecl, items: tuple[Item, ...],
              attrs: dict[str, Any]) -> TracedFunction:
-    """A TracedFunction back from pickle (see TracedFunction.__reduce__). Its names join this
-    process's, so a different function traced here later under one of them gets `name_2`
-    instead of clashing with it in a module."""
-    adopted = _adopt(items)
-    by_old_name = dict(zip((it.name for it in items), adopted))
-    out = TracedFunction(by_old_name[ir.name], adopted)
+    """A TracedFunction back from pickle (see TracedFunction.__reduce__): its closure was
+    made unique where it was pickled, and names are unique per module, not per process."""
+    out = TracedFunction(ir, items)
     for k, v in attrs.items():
         setattr(out, k, v)
     return out
@@ -301,9 +264,9 @@ def function(fn: Callable[..., Any]) -> TracedFunction:
         out = fn(*[t for t, k in zip(tracers, keyword_only) if not k],
                  **{t.name: t for t, k in zip(tracers, keyword_only) if k})
     results = _results(out, trace, name, note)
-    ir = _unique(Function(name, tuple(params), tuple(r.type for r in results), tuple(trace.body),
-                          tuple(r.name for r in results)))
-    traced = TracedFunction(ir, _closure((*trace.callees, ir)), fn)
+    ir = Function(name, tuple(params), tuple(r.type for r in results), tuple(trace.body),
+                  tuple(r.name for r in results))
+    traced = TracedFunction(ir, (*trace.items.values(), ir), fn)
     traced.module  # verify: the statements were typed one by one, this checks the whole
     functools.update_wrapper(traced, fn)
     return traced

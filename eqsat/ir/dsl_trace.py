@@ -70,7 +70,10 @@ class Trace:
     def __init__(self, name: str):
         self.name = name
         self.body: list[Stmt] = []
-        self.callees: list[Any] = []  # TracedFunctions called, in first-call order
+        # TracedFunctions called, each with its name here, in first-call order; `items` is
+        # their closures merged (two different callees of one name: the later is `name_2`).
+        self.callees: list[tuple[Any, str]] = []
+        self.items: dict[str, Any] = {}
         self.closed = False
         self._count = 0
         self._consts: dict[tuple[Any, ...], Tracer] = {}

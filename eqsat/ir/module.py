@@ -7,8 +7,8 @@ messages but never take part in comparisons.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
 import numpy as np
@@ -220,23 +220,20 @@ class Module:
     """An immutable, ordered collection of functions and gradient declarations.
 
     `Module(f, g, name="m")` accepts `Function`s, `GradDecl`s and functions traced with
-    `@eqsat.function` (whose callees come along); `m["f"]` looks an item up by name.
+    `@eqsat.function` (whose callees come along); `m["f"]` looks an item up by name. Identical
+    items under one name are one item; a later, different item of a name already taken is
+    renamed `name_2`, `name_3`, ... (see `merge_items`).
     """
 
     __slots__ = ("name", "items", "_index", "_verified")
 
     def __init__(self, *items: Any, name: str = "main"):
-        flat: list[Item] = []
-        seen: set[str] = set()
+        index: dict[str, Item] = {}
         for item in items:
-            for it in _expand(item):
-                if it.name in seen:
-                    continue
-                seen.add(it.name)
-                flat.append(it)
+            merge_items(index, _expand(item))
         object.__setattr__(self, "name", name)
-        object.__setattr__(self, "items", tuple(flat))
-        object.__setattr__(self, "_index", {it.name: it for it in flat})
+        object.__setattr__(self, "items", tuple(index.values()))
+        object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_verified", False)
 
     @classmethod
@@ -313,3 +310,42 @@ def _expand(item: Any) -> list[Item]:
         return list(items())
     raise Error(f"Module() takes functions traced with @eqsat.function, Functions or GradDecls, "
                 f"not {type(item).__name__}")
+
+
+def retarget(item: Item, renamed: dict[str, str]) -> Item:
+    """`item` with its calls (or its declaration's target) following `renamed`."""
+    if not renamed:
+        return item
+    if isinstance(item, GradDecl):
+        return replace(item, of=renamed.get(item.of, item.of))
+    body = tuple(replace(s, attrs=tuple(
+        (k, renamed.get(v, v) if k == "callee" else v) for k, v in s.attrs))
+        if s.op == "call" else s for s in item.body)
+    return replace(item, body=body)
+
+
+def merge_items(index: dict[str, Item], closure: Iterable[Item],
+                reserved: frozenset[str] | set[str] = frozenset()) -> dict[str, str]:
+    """Add `closure` (items that call each other by name, callees first) to `index`, in place.
+
+    Names are unique per module, not per process: an item whose name a different item (or
+    `reserved`) holds gets the first free `name_2`, `name_3`, ..., and the calls of the items
+    after it follow; an item equal to the one holding a name is that item. Returns the renames.
+    """
+    renamed: dict[str, str] = {}
+    for item in closure:
+        moved = retarget(item, renamed)
+        name, k = item.name, 1
+        while True:
+            candidate = moved if k == 1 else replace(moved, name=name)
+            held = index.get(name)
+            if held is None and name not in reserved:
+                index[name] = candidate
+                break
+            if held == candidate:
+                break
+            k += 1
+            name = f"{item.name}_{k}"
+        if name != item.name:
+            renamed[item.name] = name
+    return renamed
