@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -172,6 +174,7 @@ class Executable:
         # The module as given to eqsat.compile (before differentiating and optimizing), where a
         # traced function passed as `exe(f, ...)` is looked up; None: `module` itself.
         self._source = source
+        self._resolved: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._code = code  # keeps the machine code alive as long as the entries
         # layout (cpu._layout): {"align": bytes, "functions": {name: {"symbol", "arena_bytes"}}}
         align = int(layout["align"])
@@ -198,11 +201,23 @@ class Executable:
         """Run function `name` (or the @eqsat.function itself) on numpy arrays (or values numpy
         can convert), passed in order or by parameter name."""
         if type(name) is not str:
-            name = function_name(name, self.module if self._source is None else self._source)
+            name = self._resolve(name)
         entry = self._entries.get(name)
         if entry is None:
             raise UnknownFunction.among("the executable", name, self._entries)
         return entry(*arrays, **named)
+
+    def _resolve(self, function: Any) -> str:
+        """The name a traced function has here, looked up once per function (resolving
+        compares its IR with the module's: ~2 us a call)."""
+        try:
+            return self._resolved[function]
+        except (KeyError, TypeError):  # not seen yet, or not weakly referable
+            name = function_name(function, self.module if self._source is None
+                                 else self._source)
+        with contextlib.suppress(TypeError):
+            self._resolved[function] = name
+        return name
 
     def __getattr__(self, name: str) -> Callable[..., np.ndarray | tuple[np.ndarray, ...]]:
         """`exe.f` for function @f (set as an attribute by __init__; `module`, `key` and
