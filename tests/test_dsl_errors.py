@@ -257,8 +257,9 @@ def test_operators_without_an_op_are_trace_errors(body):
 
 
 @pytest.mark.parametrize("body, fragment", [
-    (lambda x: x.flatten(), "has no .flatten, which numpy's ndarray has; use x.reshape(-1)"),
-    (lambda x: x.dot(x), "has no .dot"), (lambda x: x.prod(), "has no .prod"),
+    (lambda x: x.copy(), "has no .copy, which numpy's ndarray has; use x itself"),
+    (lambda x: x.cumsum(), "has no .cumsum"), (lambda x: x.prod(), "has no .prod"),
+    (lambda x: np.cumsum(x), "numpy's cumsum cannot run on traced values"),
     (lambda x: np.sum(x, where=x > 0), "sum(where=...) cannot be traced"),
     (lambda x: np.max(x, initial=0.0), "max(initial=...) cannot be traced"),
     (lambda x: x.reshape((3,), order="F"), "reshape(order=...) cannot be traced"),
@@ -295,7 +296,7 @@ def test_traced_values_answer_hasattr_and_copy_and_known_numpy_keywords():
 
     @function
     def f(x: f32[2, 3]):
-        assert not hasattr(x, "flatten") and getattr(x, "ravel", None) is None
+        assert not hasattr(x, "cumsum") and getattr(x, "prod", None) is None
         y = copy.deepcopy(x).reshape((3, 2), order="C").astype(np.float32, copy=False)
         return y.sum(axis=0, initial=None) + np.mean(x, axis=1)
 

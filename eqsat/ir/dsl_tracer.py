@@ -39,6 +39,9 @@ def _numpy_defaults(name: str, **given: Any) -> None:
 
 # numpy ufuncs a Tracer answers (np.exp(x) while tracing); filled by dsl_numpy.
 UFUNC_HANDLERS: dict[str, Callable[..., Tracer]] = {}
+# numpy's other functions a Tracer answers (np.where(c, x, y)), by the function; filled by
+# dsl_protocol
+FUNCTION_HANDLERS: dict[Callable[..., Any], Callable[..., Tracer]] = {}
 
 
 class Tracer:
@@ -174,15 +177,22 @@ class Tracer:
                            for v in inputs)
         return handler(*inputs)
 
+    def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        handler = FUNCTION_HANDLERS.get(func)
+        if handler is None:
+            name = getattr(func, "__name__", repr(func))
+            raise trace_error(f"numpy's {name} cannot run on traced values; use eqsat's "
+                              f"functions (eqsat.where, eqsat.sum, ...) or numpy's that trace "
+                              f"(see the README)")
+        return handler(*args, **kwargs)
+
 
 _COMPARISON_UFUNCS = frozenset({np.less, np.less_equal, np.greater, np.greater_equal, np.equal,
                                 np.not_equal})
 
 # what to write instead of ndarray attributes a numpy user reaches for first
 _NDARRAY_HINTS = {
-    "flatten": "use x.reshape(-1)", "ravel": "use x.reshape(-1)", "squeeze": "use x.reshape(...)",
-    "dot": "use x @ y", "copy": "use x itself (traced values are never written)",
-    "clip": "use eqsat.minimum(eqsat.maximum(x, lo), hi)", "swapaxes": "use x.transpose(...)",
+    "copy": "use x itself (traced values are never written)",
     "mT": "use x.transpose(...)", "item": "a traced value has no Python value while tracing",
     "tolist": "a traced value has no Python value while tracing",
 }

@@ -1,0 +1,147 @@
+"""numpy's own functions on traced values (`__array_function__`, NEP 18): each one traced from a
+numpy-written model gives numpy's values, dtype and shape; the others are refused at the
+user's line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ad_helpers import check_vjp
+from dsl_helpers import rand, run
+
+import eqsat
+from eqsat import TraceError, f32, f64, function, i32
+from eqsat.ir import Module
+
+X = rand((3, 4))
+W = rand((4, 2))
+V = rand((4,))
+
+# name -> a model written with numpy, run on (x: f32[3, 4], w: f32[4, 2], v: f32[4])
+CASES = {
+    "where": lambda x, w, v: np.where(x > 0, x, 0.0),
+    "where-scalars": lambda x, w, v: np.where(x > 0, 1.0, np.float32(0)),
+    "concatenate": lambda x, w, v: np.concatenate([x, x * 2], axis=1),
+    "concatenate-none": lambda x, w, v: np.concatenate((x, v), axis=None),
+    "stack": lambda x, w, v: np.stack([x, x + 1]),
+    "stack-last": lambda x, w, v: np.stack([x, x], axis=-1),
+    "dot-2d": lambda x, w, v: np.dot(x, w), "dot-1d": lambda x, w, v: np.dot(v, v),
+    "dot-2d-1d": lambda x, w, v: np.dot(x, v), "x.dot": lambda x, w, v: x.dot(w),
+    "dot-scalar": lambda x, w, v: np.dot(x, 2.0),
+    "matmul": lambda x, w, v: np.matmul(x, w),
+    "transpose": lambda x, w, v: np.transpose(x), "swapaxes": lambda x, w, v: np.swapaxes(x, 0, 1),
+    "x.swapaxes": lambda x, w, v: np.stack([x, x]).swapaxes(0, 2),
+    "moveaxis": lambda x, w, v: np.moveaxis(np.stack([x, x]), 0, -1),
+    "moveaxis-many": lambda x, w, v: np.moveaxis(np.stack([x, x]), [0, 1], [2, 0]),
+    "expand_dims": lambda x, w, v: np.expand_dims(x, 1),
+    "expand_dims-tuple": lambda x, w, v: np.expand_dims(v, (0, 2)),
+    "squeeze": lambda x, w, v: np.squeeze(x[None, :, None]),
+    "squeeze-axis": lambda x, w, v: np.squeeze(x[None, :, None], axis=2),
+    "x.squeeze": lambda x, w, v: x[:, None].squeeze(1),
+    "broadcast_to": lambda x, w, v: np.broadcast_to(v, (3, 4)),
+    "reshape": lambda x, w, v: np.reshape(x, (2, -1)), "ravel": lambda x, w, v: np.ravel(x),
+    "x.flatten": lambda x, w, v: x.flatten(), "x.ravel": lambda x, w, v: x.ravel(),
+    "sum": lambda x, w, v: np.sum(x, axis=1, keepdims=True),
+    "mean": lambda x, w, v: np.mean(x, axis=-1, keepdims=True),
+    "max": lambda x, w, v: np.max(x, axis=0), "amax": lambda x, w, v: np.amax(x),
+    "min": lambda x, w, v: np.min(x, axis=(0, 1)),
+    "amin": lambda x, w, v: np.amin(x, 1, None, True),
+    "clip": lambda x, w, v: np.clip(x, -1, 1), "clip-low": lambda x, w, v: np.clip(x, 0.5, None),
+    "clip-high": lambda x, w, v: np.clip(x, None, v), "x.clip": lambda x, w, v: x.clip(-1.5, 0.5),
+    "clip-keywords": lambda x, w, v: np.clip(x, min=0),
+    "var": lambda x, w, v: np.var(x), "var-axis": lambda x, w, v: np.var(x, axis=0, ddof=1),
+    "x.var": lambda x, w, v: x.var(axis=1, keepdims=True),
+    "std": lambda x, w, v: np.std(x, axis=1), "x.std": lambda x, w, v: x.std(ddof=1),
+    "outer": lambda x, w, v: np.outer(x[0], v), "tile": lambda x, w, v: np.tile(x, (2, 1)),
+    "tile-rank": lambda x, w, v: np.tile(v, (2, 1, 3)), "tile-int": lambda x, w, v: np.tile(x, 2),
+    "norm": lambda x, w, v: np.linalg.norm(x),
+    "norm-axis": lambda x, w, v: np.linalg.norm(x, axis=1),
+    "norm-keepdims": lambda x, w, v: np.linalg.norm(x, axis=0, keepdims=True),
+    "einsum-matmul": lambda x, w, v: np.einsum("ij,jk->ik", x, w),
+    "einsum-batch": lambda x, w, v: np.einsum("bij,bjk->bik", np.stack([x, x]), np.stack([w, w])),
+    "einsum-transpose": lambda x, w, v: np.einsum("ij->ji", x),
+}
+
+
+def traced(body):
+    def model(x: f32[3, 4], w: f32[4, 2], v: f32[4]):
+        return body(x, w, v)
+
+    return function(model)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_numpy_functions_trace_to_numpys_values_and_dtypes(name):
+    want = CASES[name](X, W, V)
+    got = run(traced(CASES[name]), X, W, V)
+    assert got.dtype == np.asarray(want).dtype and got.shape == np.shape(want), name
+    np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+
+
+def test_numpy_functions_compile_to_numpys_values():
+    def model(x: f32[3, 4], w: f32[4, 2], v: f32[4]):
+        h = np.clip(np.dot(x, w), -1, 1) + np.var(x, axis=1, keepdims=True)
+        z = np.where(h > 0, h, 0.0) + np.einsum("ij->ji", np.stack([v[:3], v[1:]]))
+        return np.concatenate([z, np.expand_dims(x.std(axis=1), 1)], axis=1).ravel()
+
+    f = function(model)
+    want = model(X, W, V)
+    got = eqsat.compile(Module(f))(f.name, X, W, V)
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_integer_inputs_take_numpys_dtypes():
+    def model(n: i32[3, 4]):
+        return (np.var(n, axis=0), np.clip(n, -1.5, 2), np.linalg.norm(n), np.stack([n, n]),
+                np.where(n > 0, n, 0))
+
+    n = rand((3, 4), np.int32)
+    for g, w in zip(run(function(model), n), model(n)):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=1e-12)
+
+
+def test_var_with_ddof_at_the_count_is_numpys_inf():
+    def model(x: f64[3]):
+        return np.var(x, ddof=3)
+
+    x = np.array([1.0, 2.0, 4.0])
+    with pytest.warns(RuntimeWarning, match="Degrees of freedom"), np.errstate(divide="ignore"):
+        want = model(x)
+    assert run(function(model), x) == want == np.inf
+
+
+@pytest.mark.parametrize("body", [
+    lambda x: np.where(x > 0, x, -x) * np.clip(x, -0.5, 0.7),
+    lambda x: np.var(x, axis=1) + np.std(x, axis=0).sum(),
+    lambda x: np.linalg.norm(np.stack([x, x * x]), axis=0),
+])
+def test_gradients_through_numpy_functions_match_central_differences(body):
+    def loss(x: f64[3, 4]):
+        return np.sum(body(x))
+
+    f = function(loss)
+    check_vjp(Module(f), f.name, [rand((3, 4), np.float64)], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (lambda x: np.cumsum(x), "numpy's cumsum cannot run on traced values"),
+    (lambda x: np.sort(x), "numpy's sort cannot run"),
+    (lambda x: np.tensordot(x, x, axes=1), "numpy's tensordot cannot run"),
+    (lambda x: np.where(x > 0), "np.where(condition) without x and y"),
+    (lambda x: np.dot(np.stack([x, x]), x), "dot of rank 3 and 2 operands"),
+    (lambda x: np.einsum("ii->i", x), "np.einsum('ii->i') cannot be traced"),
+    (lambda x: np.einsum("ij,jk", x, x), "explicit '->'"),
+    (lambda x: np.linalg.norm(x, ord=1), "norm(ord=1) cannot be traced"),
+    (lambda x: np.var(x, out=x), "var(out=...) cannot be traced"),
+    (lambda x: np.squeeze(x, axis=0), "cannot select an axis to squeeze out"),
+    (lambda x: np.stack([x, x[:1]]), "must have the same shape"),
+])
+def test_other_numpy_functions_are_trace_errors_at_the_users_line(body, fragment):
+    def model(x: f32[3, 3]):
+        return body(x)
+
+    with pytest.raises(TraceError, match=r"test_dsl_numpy_functions.py:\d+: ") as err:
+        function(model)
+    assert fragment in str(err.value)
