@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from ad_helpers import check_vjp
 from dsl_helpers import rand, run
+from math_helpers import ulp_distance
 
 import eqsat
 from eqsat import TraceError, f32, f64, function, i32
@@ -127,6 +128,8 @@ def test_gradients_through_numpy_functions_match_central_differences(body):
 
 @pytest.mark.parametrize("body, fragment", [
     (lambda x: np.cumsum(x), "numpy's cumsum cannot run on traced values"),
+    (lambda x: np.square(x > 0), "square of a bool tensor"),
+    (lambda x: np.fmax(x, 0.0), "numpy's fmax (__call__) cannot run"),
     (lambda x: np.sort(x), "numpy's sort cannot run"),
     (lambda x: np.tensordot(x, x, axes=1), "numpy's tensordot cannot run"),
     (lambda x: np.where(x > 0), "np.where(condition) without x and y"),
@@ -145,3 +148,45 @@ def test_other_numpy_functions_are_trace_errors_at_the_users_line(body, fragment
     with pytest.raises(TraceError, match=r"test_dsl_numpy_functions.py:\d+: ") as err:
         function(model)
     assert fragment in str(err.value)
+
+
+def _wide(dtype) -> np.ndarray:
+    """Positive values across the range (powers of 2 and 10 among them), then 0, 1, inf, NaN."""
+    rng = np.random.default_rng(1)
+    hi = 80 if dtype == np.float32 else 700
+    x = np.concatenate([np.exp(rng.uniform(-hi, hi, 2000)), rng.uniform(0, 4, 2000),
+                        2.0 ** np.arange(-60, 60), 10.0 ** np.arange(-30, 30),
+                        [0.0, 1.0, np.inf, np.nan]])
+    with np.errstate(over="ignore"):
+        return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_numpy_ufuncs_composed_of_ir_ops_are_within_two_ulps(dtype):
+    def model(x: f64[4184], y: f64[4184]):
+        return np.log2(x), np.log10(x), np.exp2(y), np.square(y), np.sign(y)
+
+    model.__annotations__ = {"x": eqsat.DType.of(np.dtype(dtype))[4184],
+                             "y": eqsat.DType.of(np.dtype(dtype))[4184]}
+    x = _wide(dtype)
+    y = np.concatenate([np.random.default_rng(2).uniform(-120, 120, 4176),
+                        [0.0, -0.0, 1.0, -3.0, np.inf, -np.inf, np.nan, 2.5]]).astype(dtype)
+    f = function(model)
+    with np.errstate(all="ignore"):
+        want = model(x, y)
+        for got in (run(f, x, y), eqsat.compile(Module(f))(f.name, x, y)):
+            for name, g, w in zip(["log2", "log10", "exp2", "square", "sign"], got, want):
+                assert g.dtype == w.dtype == dtype, name
+                assert ulp_distance(g, w).max() <= (0 if name in ("square", "sign") else 2), name
+                np.testing.assert_array_equal(np.signbit(g), np.signbit(w), err_msg=name)
+
+
+def test_numpy_ufuncs_of_integers_take_numpys_dtypes():
+    def model(n: i32[5]):
+        return np.square(n), np.sign(n), np.exp2(n), np.log2(n)
+
+    n = np.array([-3, 0, 1, 4, 7], np.int32)
+    with np.errstate(all="ignore"):
+        for g, w in zip(run(function(model), n), model(n)):
+            assert g.dtype == w.dtype
+            np.testing.assert_allclose(g, w, rtol=1e-15)
