@@ -61,6 +61,9 @@ CASES = {
     "einsum-matmul": lambda x, w, v: np.einsum("ij,jk->ik", x, w),
     "einsum-batch": lambda x, w, v: np.einsum("bij,bjk->bik", np.stack([x, x]), np.stack([w, w])),
     "einsum-transpose": lambda x, w, v: np.einsum("ij->ji", x),
+    "astype": lambda x, w, v: np.astype(x, np.float64),
+    "shape-ndim-size":
+        lambda x, w, v: x * (np.shape(x)[1] + np.ndim(v) + np.size(x, -1) + np.size(w)),
 }
 
 

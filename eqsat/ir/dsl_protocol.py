@@ -286,7 +286,20 @@ def einsum(subscripts: Any, *operands: Any, **kwargs: Any) -> Tracer:
                       f"np.transpose and sums")
 
 
+def size(a: Any, axis: Any = None) -> int:
+    """`np.size`: the element count, or the length of `axis`."""
+    x = as_tracer(a, "size")
+    return x.size if axis is None else x.shape[dsl_array.normalize_axis(axis, x.ndim, "size")]
+
+
+def astype(x: Any, dtype: Any, /, *, copy: bool = True, device: Any = None) -> Tracer:
+    """`np.astype` (numpy 2): `x.astype(dtype)`."""
+    return as_tracer(x, "astype").astype(dtype)
+
+
 FUNCTION_HANDLERS.update({
+    np.shape: lambda a: as_tracer(a, "shape").shape, np.ndim: lambda a: as_tracer(a, "ndim").ndim,
+    np.size: size, np.astype: astype,
     np.where: where, np.concatenate: concatenate, np.stack: stack, np.dot: dot,
     np.matmul: dsl_array.matmul, np.transpose: transpose, np.swapaxes: swapaxes,
     np.moveaxis: moveaxis, np.expand_dims: expand_dims, np.squeeze: squeeze,
