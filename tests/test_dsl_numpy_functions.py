@@ -68,10 +68,10 @@ CASES = {
 
 
 def traced(body):
-    def model(x: f32[3, 4], w: f32[4, 2], v: f32[4]):
+    def npf_model(x: f32[3, 4], w: f32[4, 2], v: f32[4]):
         return body(x, w, v)
 
-    return function(model)
+    return function(npf_model)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -83,37 +83,37 @@ def test_numpy_functions_trace_to_numpys_values_and_dtypes(name):
 
 
 def test_numpy_functions_compile_to_numpys_values():
-    def model(x: f32[3, 4], w: f32[4, 2], v: f32[4]):
+    def npf_model(x: f32[3, 4], w: f32[4, 2], v: f32[4]):
         h = np.clip(np.dot(x, w), -1, 1) + np.var(x, axis=1, keepdims=True)
         z = np.where(h > 0, h, 0.0) + np.einsum("ij->ji", np.stack([v[:3], v[1:]]))
         return np.concatenate([z, np.expand_dims(x.std(axis=1), 1)], axis=1).ravel()
 
-    f = function(model)
-    want = model(X, W, V)
+    f = function(npf_model)
+    want = npf_model(X, W, V)
     got = eqsat.compile(Module(f))(f.name, X, W, V)
     assert got.dtype == want.dtype
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_integer_inputs_take_numpys_dtypes():
-    def model(n: i32[3, 4]):
+    def npf_model(n: i32[3, 4]):
         return (np.var(n, axis=0), np.clip(n, -1.5, 2), np.linalg.norm(n), np.stack([n, n]),
                 np.where(n > 0, n, 0))
 
     n = rand((3, 4), np.int32)
-    for g, w in zip(run(function(model), n), model(n)):
+    for g, w in zip(run(function(npf_model), n), npf_model(n)):
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=1e-12)
 
 
 def test_var_with_ddof_at_the_count_is_numpys_inf():
-    def model(x: f64[3]):
+    def npf_model(x: f64[3]):
         return np.var(x, ddof=3)
 
     x = np.array([1.0, 2.0, 4.0])
     with pytest.warns(RuntimeWarning, match="Degrees of freedom"), np.errstate(divide="ignore"):
-        want = model(x)
-    assert run(function(model), x) == want == np.inf
+        want = npf_model(x)
+    assert run(function(npf_model), x) == want == np.inf
 
 
 @pytest.mark.parametrize("body", [
@@ -122,10 +122,10 @@ def test_var_with_ddof_at_the_count_is_numpys_inf():
     lambda x: np.linalg.norm(np.stack([x, x * x]), axis=0),
 ])
 def test_gradients_through_numpy_functions_match_central_differences(body):
-    def loss(x: f64[3, 4]):
+    def npf_loss(x: f64[3, 4]):
         return np.sum(body(x))
 
-    f = function(loss)
+    f = function(npf_loss)
     check_vjp(Module(f), f.name, [rand((3, 4), np.float64)], rtol=1e-5, atol=1e-7)
 
 
@@ -145,11 +145,11 @@ def test_gradients_through_numpy_functions_match_central_differences(body):
     (lambda x: np.stack([x, x[:1]]), "must have the same shape"),
 ])
 def test_other_numpy_functions_are_trace_errors_at_the_users_line(body, fragment):
-    def model(x: f32[3, 3]):
+    def npf_model(x: f32[3, 3]):
         return body(x)
 
     with pytest.raises(TraceError, match=r"test_dsl_numpy_functions.py:\d+: ") as err:
-        function(model)
+        function(npf_model)
     assert fragment in str(err.value)
 
 
@@ -166,17 +166,17 @@ def _wide(dtype) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_numpy_ufuncs_composed_of_ir_ops_are_within_two_ulps(dtype):
-    def model(x: f64[4184], y: f64[4184]):
+    def npf_model(x: f64[4184], y: f64[4184]):
         return np.log2(x), np.log10(x), np.exp2(y), np.square(y), np.sign(y)
 
-    model.__annotations__ = {"x": eqsat.DType.of(np.dtype(dtype))[4184],
+    npf_model.__annotations__ = {"x": eqsat.DType.of(np.dtype(dtype))[4184],
                              "y": eqsat.DType.of(np.dtype(dtype))[4184]}
     x = _wide(dtype)
     y = np.concatenate([np.random.default_rng(2).uniform(-120, 120, 4176),
                         [0.0, -0.0, 1.0, -3.0, np.inf, -np.inf, np.nan, 2.5]]).astype(dtype)
-    f = function(model)
+    f = function(npf_model)
     with np.errstate(all="ignore"):
-        want = model(x, y)
+        want = npf_model(x, y)
         for got in (run(f, x, y), eqsat.compile(Module(f))(f.name, x, y)):
             for name, g, w in zip(["log2", "log10", "exp2", "square", "sign"], got, want):
                 assert g.dtype == w.dtype == dtype, name
@@ -185,11 +185,11 @@ def test_numpy_ufuncs_composed_of_ir_ops_are_within_two_ulps(dtype):
 
 
 def test_numpy_ufuncs_of_integers_take_numpys_dtypes():
-    def model(n: i32[5]):
+    def npf_model(n: i32[5]):
         return np.square(n), np.sign(n), np.exp2(n), np.log2(n)
 
     n = np.array([-3, 0, 1, 4, 7], np.int32)
     with np.errstate(all="ignore"):
-        for g, w in zip(run(function(model), n), model(n)):
+        for g, w in zip(run(function(npf_model), n), npf_model(n)):
             assert g.dtype == w.dtype
             np.testing.assert_allclose(g, w, rtol=1e-15)
