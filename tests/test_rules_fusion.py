@@ -376,7 +376,9 @@ def test_saturation_keeps_its_time_limit_on_attention(seconds):
     t0 = time.perf_counter()
     _, report = saturate(m, default(), Limits(seconds=seconds))
     wall = time.perf_counter() - t0
-    assert wall <= 1.2 * seconds + 0.2, (wall, str(report))
+    # the margin is a rule run already under way at the deadline (0.3 s measured 0.61 once in a
+    # full suite run); unlimited, saturation takes ~2.6 s, which either bound still catches
+    assert wall <= seconds + 0.6, (wall, str(report))
     assert report.stop_reason in ("time limit", "saturated")
 
 
