@@ -5,8 +5,7 @@ numpy scalars: operators, comparisons, numpy's ufuncs and functions, reductions 
 slices with steps. The same Python code runs once on numpy arrays (the reference) and once
 traced; where numpy computes a result and the DSL traces the program, the results' dtypes are
 equal and their values close. The DSL may refuse a program (a TraceError at the user's line,
-for what eqsat has no op for), never raise anything else, and never trace one that numpy
-refuses while tracing its types.
+for what eqsat has no op for) and never raises anything else while tracing.
 """
 
 from __future__ import annotations
