@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .dsl_trace import (active_trace, as_tracer, broadcast_shape, broadcast_to_type, constant,
-                        describe, emit, index, lift, literal, promote, trace_error,
+from .dsl_trace import (active_trace, as_tracer, broadcast_shape, broadcast_to_type, cast_to,
+                        constant, describe, emit, index, lift, literal, promote, trace_error,
                         true_divide)
 from .dsl_tracer import Tracer
 from .ops import broadcastable
@@ -44,7 +44,7 @@ def reduce(op: str, x: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     x = as_tracer(x, op)
     axes = normalize_axes(axis, x.ndim, op)
     if op == "sum" and x.dtype in (DType.i32, DType.bool):
-        x = emit(x.trace, "cast", [x], written=x.type.with_dtype(DType.i64))
+        x = cast_to(x, DType.i64)
     if not axes:
         return x
     out = emit(x.trace, op, [x], {"axes": axes})
@@ -58,7 +58,7 @@ def mean(x: Any, axis: Any = None, keepdims: bool = False) -> Tracer:
     tensor in f64, as numpy's mean is."""
     x = as_tracer(x, "mean")
     if not x.dtype.is_float:
-        x = emit(x.trace, "cast", [x], written=x.type.with_dtype(DType.f64))
+        x = cast_to(x, DType.f64)
     axes = normalize_axes(axis, x.ndim, "mean")
     count = 1
     for a in axes:
@@ -111,9 +111,7 @@ def to_dtype(dtype: Any, what: str) -> DType:
 
 def cast(x: Any, dtype: Any) -> Tracer:
     """`x.astype(dtype)`: the same shape with another element type."""
-    x = as_tracer(x, "cast")
-    t = x.type.with_dtype(to_dtype(dtype, "cast"))
-    return x if t == x.type else emit(x.trace, "cast", [x], written=t)
+    return cast_to(as_tracer(x, "cast"), to_dtype(dtype, "cast"))
 
 
 def broadcast_to(x: Any, shape: Any) -> Tracer:
@@ -238,7 +236,7 @@ def getitem(x: Tracer, key: Any) -> Tracer:
                 steps.append((axis, step, n))
         elif isinstance(k, (bool, np.bool_, Tracer)) or not hasattr(k, "__index__"):
             raise trace_error(f"slice: unsupported index {describe(k)}; use ints, slices with "
-                              f"step 1, ... and None")
+                              f"positive steps, ... and None")
         else:
             i = index(k, "slice")
             if not -d <= i < d:
@@ -259,17 +257,10 @@ def _every(x: Tracer, axis: int, step: int, n: int) -> Tracer:
     """Elements 0, step, ..., (n-1)*step of `x` along `axis` (whose length is (n-1)*step+1):
     the first n-1 as rows of a reshape to (n-1, step) whose first column is kept, and the
     last one joined after them."""
-    def part(lo: int, hi: int) -> Tracer:
-        bounds = [(0, d) for d in x.shape]
-        bounds[axis] = (lo, hi)
-        return emit(x.trace, "slice", [x], {"start": tuple(b[0] for b in bounds),
-                                            "stop": tuple(b[1] for b in bounds)})
-
-    head = part(0, (n - 1) * step)
-    head = reshape(head, x.shape[:axis] + (n - 1, step) + x.shape[axis + 1:])
-    head = reshape(getitem(head, (slice(None),) * (axis + 1) + (slice(0, 1),)),
-                   x.shape[:axis] + (n - 1,) + x.shape[axis + 1:])
-    last = part((n - 1) * step, (n - 1) * step + 1)
-    return concatenate([head, last], axis)
+    before = (slice(None),) * axis
+    head = reshape(getitem(x, before + (slice(0, (n - 1) * step),)),
+                   x.shape[:axis] + (n - 1, step) + x.shape[axis + 1:])
+    head = getitem(head, before + (slice(None), 0))
+    return concatenate([head, getitem(x, before + (slice((n - 1) * step, None),))], axis)
 
 

@@ -252,6 +252,12 @@ def broadcast_to_type(x: Tracer, t: TensorType) -> Tracer:
     return x if x.type == t else emit(x.trace, "broadcast", [x], written=t)
 
 
+def cast_to(x: Tracer, dtype: DType) -> Tracer:
+    """`x` converted to `dtype` with a `cast` statement (none when it has that dtype)."""
+    return x if x.dtype is dtype else emit(x.trace, "cast", [x],
+                                           written=x.type.with_dtype(dtype))
+
+
 def promote(what: str, values: Sequence[Any]) -> list[Any]:
     """`values` as numpy 2 promotes them (NEP 50): traced values and numpy scalars
     (np.float64(2), np.sqrt(4)) are strongly typed, so the result dtype is numpy's
@@ -271,8 +277,8 @@ def promote(what: str, values: Sequence[Any]) -> list[Any]:
     dtype = _result_dtype(what, traced, scalars, weak)
     out = []
     for v in values:
-        if isinstance(v, tracer) and v.dtype is not dtype:
-            v = emit(v.trace, "cast", [v], written=v.type.with_dtype(dtype))
+        if isinstance(v, tracer):
+            v = cast_to(v, dtype)
         elif isinstance(v, NUMPY_SCALARS):
             v = dtype.np.type(v).item()  # as numpy converts it for the ufunc's loop
         out.append(v)
@@ -329,7 +335,7 @@ def unary(op: str, x: Any) -> Tracer:
         if x.dtype is DType.bool:
             raise trace_error(f"{op}: numpy computes it of a bool tensor ({x.type}) in "
                               f"float16, which eqsat lacks; cast first: .astype(eqsat.f32)")
-        x = emit(trace, "cast", [x], written=x.type.with_dtype(DType.f64))
+        x = cast_to(x, DType.f64)
     return emit(trace, op, [x])
 
 
@@ -344,7 +350,7 @@ def true_divide(x: Any, y: Any) -> Tracer:
     `div` floors on integers, so they are cast first)."""
     a, b = lift("div", [x, y])
     if not a.dtype.is_float:
-        a, b = (emit(v.trace, "cast", [v], written=v.type.with_dtype(DType.f64)) for v in (a, b))
+        a, b = cast_to(a, DType.f64), cast_to(b, DType.f64)
     return emit(a.trace, "div", [a, b])
 
 
