@@ -217,7 +217,6 @@ def var(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: Any 
     return true_divide(total, float(max(count - ddof, 0)))
 
 
-
 def std(a: Any, axis: Any = None, dtype: Any = None, out: Any = None, ddof: Any = 0,
         keepdims: Any = False, *, where: Any = None, mean: Any = None,
         correction: Any = None) -> Tracer:
@@ -367,16 +366,8 @@ UFUNC_HANDLERS.update(square=square, sign=sign, exp2=exp2, log2=_log_base(2.0, "
                       log10=_log_base(10.0, "log10"))
 
 
-# the ndarray methods of the functions above (x.var(axis=1) is np.var(x, axis=1))
-def _method(fn: Callable[..., Tracer]) -> Callable[..., Tracer]:
-    def method(self: Tracer, *args: Any, **kwargs: Any) -> Tracer:
-        return fn(self, *args, **kwargs)
-
-    method.__name__ = fn.__name__
-    method.__doc__ = fn.__doc__
-    return method
-
-
+# the ndarray methods of the functions above (x.var(axis=1) is np.var(x, axis=1)): each
+# function takes the array first, so it serves as the method itself
 def _shape_method(fn: Callable[..., Tracer]) -> Callable[..., Tracer]:
     def method(self: Tracer, *axes: Any) -> Tracer:
         return fn(self, axes[0] if len(axes) == 1 else (axes or None))
@@ -387,5 +378,5 @@ def _shape_method(fn: Callable[..., Tracer]) -> Callable[..., Tracer]:
 
 for _name, _fn in {"var": var, "std": std, "clip": clip, "dot": dot, "ravel": ravel,
                    "flatten": ravel, "swapaxes": swapaxes}.items():
-    setattr(Tracer, _name, _method(_fn))
+    setattr(Tracer, _name, _fn)
 Tracer.squeeze = _shape_method(squeeze)  # type: ignore[attr-defined]
