@@ -78,8 +78,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_fmt(args: argparse.Namespace) -> int:
     failed: list[str] = []
-    for path, _, data in _loaded(args.files, failed):
-        text = format_source(data, path)
+    for path, m, data in _loaded(args.files, failed):
+        text = format_source(data, path, m)
         if args.check:
             # the text as read (stdin included), newlines read as Python's text files read them
             source = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")

@@ -30,11 +30,14 @@ EOL_COMMENT_GAP = "  "
 _TRAILING_SPACE = " \t\f\v"  # the format's whitespace within a line
 
 
-def format_source(text: str | bytes, source: str | None = None) -> str:
+def format_source(text: str | bytes, source: str | None = None,
+                  module: Module | None = None) -> str:
     """The canonical text of `.eqir` source with its comments kept; without comments it is
-    `str(parse_module(text))`. Text that does not parse raises the parser's ParseError."""
+    `str(parse_module(text))`. Text that does not parse raises the parser's ParseError.
+    `module` is the text already parsed, where the caller has it (it is not parsed again)."""
     text = source_text(text, source)
-    module = _Parser(text, source).module()
+    if module is None:
+        module = _Parser(text, source).module()
     tokens = tokenize(text, source, comments=True)
     code = [t for t in tokens if t.kind not in ("comment", "eof")]
     item_of = _items_of_tokens(module, code)
