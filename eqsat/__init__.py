@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -115,14 +116,21 @@ def compile(module: Module, target: str = "cpu", optimize: bool = True, rules: A
     source = _as_module(module, "compile")
     m = differentiate(source)
     if optimize:
-        m = _optimize_cached(m, rules, target, limits)
+        # where the optimizer runs, the CPU's compile workers start meanwhile: a program not
+        # optimized before is not compiled before either
+        m = _optimize_cached(m, rules, target, limits,
+                             getattr(backend, "start_compile_workers", None))
     return backend.compile_module(m, source=source)
 
 
-def _optimize_cached(module: Module, rules: Any, target: str, limits: Any) -> Module:
+def _optimize_cached(module: Module, rules: Any, target: str, limits: Any,
+                     on_miss: Callable[[], None] | None = None) -> Module:
     """`optimize` with the built-in rules, its result kept on disk so a second run of the same
-    program skips saturation (custom rules are not cached: their text is not a stable key)."""
+    program skips saturation (custom rules are not cached: their text is not a stable key);
+    `on_miss` is called first where it optimizes."""
     if rules is not None:
+        if on_miss is not None:
+            on_miss()
         return optimize(module, rules=rules, target=target, limits=limits)
     import hashlib
 
@@ -138,6 +146,8 @@ def _optimize_cached(module: Module, rules: Any, target: str, limits: Any) -> Mo
             return parse(text)
         except Error:
             pass  # a damaged entry: optimize again and overwrite it
+    if on_miss is not None:
+        on_miss()
     out = optimize(module, target=target, limits=limits)
     cache.store_checked(directory, f"{key}.eqir", str(out).encode())
     return out

@@ -24,7 +24,7 @@ from ..ir.fused import unfuse_module
 from ..ir.module import Module, Stmt
 from ..ir.types import TensorType
 from ..ir.verifier import plain_module
-from . import blas, jit, settings
+from . import blas, compile_workers, jit, settings
 from .runtime import Executable
 
 if TYPE_CHECKING:
@@ -168,7 +168,7 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
             cached = _from_disk(directory, key, module)
             if cached is None:
                 text, plans = lower(module)
-                obj = jit.compile_object(text)
+                obj = compile_workers.compile_objects(text)
                 layout = _layout(plans)
                 # the layout first: an object without its layout is a miss, never a wrong call
                 cache.store_checked(directory, f"{key}.layout.json",

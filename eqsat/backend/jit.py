@@ -9,6 +9,7 @@ import functools
 import hashlib
 import os
 import re
+import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,14 +128,20 @@ def optimize(text: str) -> llvm.ModuleRef:
     value recomputed by the gradient function); merged first (callers of a copy call the kept
     one; a copy whose address is taken becomes a one-call thunk), each kernel costs the
     pipeline and code generation (a matmul: 0.1-0.2 s) once."""
+    return optimize_attributed(with_function_attributes(text), SPEED_LEVEL, UNROLL_LOOPS)
+
+
+def optimize_attributed(text: str, level: int, unroll: bool) -> llvm.ModuleRef:
+    """`optimize` of text whose functions carry their attributes already, at -O`level`
+    (a compile worker's entry: it gets the settings of the process it compiles for)."""
     _init()
-    mod = llvm.parse_assembly(with_function_attributes(text))
+    mod = llvm.parse_assembly(text)
     mod.verify()
     tm = target_machine()
-    pto = llvm.create_pipeline_tuning_options(speed_level=SPEED_LEVEL)
+    pto = llvm.create_pipeline_tuning_options(speed_level=level)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
-    pto.loop_unrolling = UNROLL_LOOPS
+    pto.loop_unrolling = unroll
     pb = llvm.create_pass_builder(tm, pto)
     merge_functions(mod, pb)
     run_passes(pb.getModulePassManager(), mod, pb)
@@ -175,6 +182,34 @@ def free_pass_manager(pm: llvm.ModulePassManager) -> None:
 def compile_object(text: str) -> bytes:
     """Optimized machine code for LLVM IR text, as an object file."""
     return target_machine().emit_object(optimize(text))
+
+
+_PACKED = b"eqsat-objects\0"
+
+
+def pack_objects(objects: list[bytes]) -> bytes:
+    """Several object files as one blob (a program compiled in parts); one stays as it is."""
+    if len(objects) == 1:
+        return objects[0]
+    sizes = struct.pack(f"<{len(objects) + 1}Q", len(objects), *map(len, objects))
+    return _PACKED + sizes + b"".join(objects)
+
+
+def unpack_objects(blob: bytes) -> list[bytes]:
+    """The object files of a `pack_objects` blob (a plain object file: itself)."""
+    if not blob.startswith(_PACKED):
+        return [blob]
+    at = len(_PACKED)
+    (count,) = struct.unpack_from("<Q", blob, at)
+    sizes = struct.unpack_from(f"<{count}Q", blob, at + 8)
+    at += 8 * (count + 1)
+    out = []
+    for size in sizes:
+        out.append(blob[at:at + size])
+        at += size
+    if at != len(blob):
+        raise ValueError("a packed object blob of the wrong length")
+    return out
 
 
 def hold_across_fork(lock: threading.Lock | threading.RLock | None) -> None:
@@ -281,7 +316,7 @@ class Code:
     """Object code loaded into an MCJIT engine: symbol addresses stay valid while it lives."""
 
     def __init__(self, obj: bytes, directory: Path | None = None, runtimes: bool = True):
-        """Load `obj`, binding first the runtimes it calls (`runtimes`: a runtime itself calls
+        """Load `obj` (an object file, or several packed by `pack_objects`), binding first the runtimes it calls (`runtimes`: a runtime itself calls
         none); `directory` is the object cache they may come from."""
         _init()
         if any(symbol.encode() in obj for symbol in blas.all_gemm_symbols()) or \
@@ -294,7 +329,8 @@ class Code:
         triple = host()[0]
         empty = llvm.parse_assembly(f'target triple = "{triple}"\n')
         self.engine = llvm.create_mcjit_compiler(empty, target_machine())
-        self.engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        for part in unpack_objects(obj):
+            self.engine.add_object_file(llvm.ObjectFileRef.from_data(part))
         self.engine.finalize_object()
 
     def address(self, symbol: str) -> int:

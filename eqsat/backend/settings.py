@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from ..errors import Error
 from ..host import usable_cores
 
 
@@ -19,3 +20,15 @@ def gemm_switches() -> tuple[bool, bool]:
 def default_threads() -> int:
     """How many threads kernels are split over: the cores this process may use, at most 16."""
     return usable_cores()
+
+
+def compile_workers() -> int:
+    """From EQSAT_COMPILE_WORKERS: how many worker processes compile parts of a program's LLVM
+    IR in parallel; by default one less than the usable cores, at most 3 (0: none)."""
+    value = os.environ.get("EQSAT_COMPILE_WORKERS", "").strip()
+    if not value:
+        return min(3, usable_cores() - 1)
+    if not value.isdigit():
+        raise Error(f"EQSAT_COMPILE_WORKERS must be a number of worker processes (0: none), "
+                    f"not {value!r}")
+    return int(value)

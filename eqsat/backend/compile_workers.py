@@ -1,0 +1,215 @@
+"""Parallel compilation: worker processes compile parts of a program's LLVM IR (llvm_split)
+while this process compiles one part itself.
+
+llvmlite runs every call into LLVM under one process-wide lock, so threads cannot compile at
+the same time; processes can. A worker is a Python process serving requests on its stdin
+(`serve`): LLVM IR text in, an object file out. `start` launches them in the background, which
+eqsat.compile does before it optimizes, so they are ready when lowering ends; a cold compile of
+the MLP training step spends ~0.45 s in LLVM, of which its larger half takes ~0.26 s. Without
+running workers, or for a module too small to pay for the exchange, compiling happens here as
+before; a worker that fails or dies has its part compiled here (where a real error shows). How
+many run: EQSAT_COMPILE_WORKERS, by default one less than the usable cores, at most 3 (0: none).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import select
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from . import jit, llvm_split
+from .settings import compile_workers
+
+# Lines of function bodies below which one process compiles the module faster than splitting
+# and exchanging it (about 0.1 s of LLVM).
+MIN_LINES = 1000
+_REQUEST = struct.Struct("<QII")  # text bytes, -O level, unroll
+_REPLY = struct.Struct("<BQ")  # ok, payload bytes
+_READY = b"R"  # what a worker writes once it can take requests
+
+_workers: list[_Worker] = []
+_lock = threading.Lock()
+
+
+class WorkerError(Exception):
+    """A worker could not compile its part (it died, or LLVM failed there)."""
+
+
+class _Worker:
+    """One worker process and its pipes; used by one compile at a time."""
+
+    def __init__(self) -> None:
+        package_root = str(Path(__file__).resolve().parent.parent.parent)
+        path = os.environ.get("PYTHONPATH")
+        env = {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", "from eqsat.backend.compile_workers import serve; serve()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
+            bufsize=0)  # unbuffered: a forked child can drop the pipes without flushing
+        self.busy = threading.Lock()
+        self.ready = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def usable(self) -> bool:
+        """Alive and done starting (it says so with one byte): a part sent to a worker still
+        importing would wait for it, where this process might have compiled it already."""
+        if not self.ready and self.alive():
+            try:
+                readable, _, _ = select.select([self.proc.stdout], [], [], 0)
+                self.ready = bool(readable) and _read(self.proc.stdout, 1) == _READY
+            except (OSError, ValueError, WorkerError):
+                self.ready = False
+        return self.ready and self.alive()
+
+    def compile(self, text: str, level: int, unroll: bool) -> bytes:
+        """The object file of `text` (attributes applied) compiled by this worker."""
+        data = text.encode()
+        try:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(_REQUEST.pack(len(data), level, int(unroll)) + data)
+            ok, size = _REPLY.unpack(_read(self.proc.stdout, _REPLY.size))
+            payload = _read(self.proc.stdout, size)
+        except (OSError, WorkerError) as e:
+            self.proc.kill()  # never reused: its pipes may hold half an exchange
+            raise WorkerError(f"the compile worker failed: {e}") from e
+        if not ok:
+            raise WorkerError(payload.decode(errors="replace"))
+        return payload
+
+    def close(self) -> None:
+        """End the worker: it exits when its stdin closes."""
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _read(pipe: Any, size: int) -> bytes:
+    """Exactly `size` bytes from a raw pipe; WorkerError where it ends first."""
+    chunks, left = [], size
+    while left:
+        chunk = pipe.read(left)
+        if not chunk:
+            raise WorkerError("the compile worker exited")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def start(count: int | None = None) -> None:
+    """Have `count` workers running (default: EQSAT_COMPILE_WORKERS or the usable cores less
+    one, at most 3), starting those missing; returns without waiting for them to be ready."""
+    want = compile_workers() if count is None else count
+    with _lock:
+        _workers[:] = [w for w in _workers if w.alive()]
+        while len(_workers) < want:
+            try:
+                _workers.append(_Worker())
+            except OSError:  # no process to be had: compile here
+                return
+
+
+def stop() -> None:
+    """End every worker of this process."""
+    with _lock:
+        workers, _workers[:] = list(_workers), []
+    for w in workers:
+        w.close()
+
+
+def compile_objects(text: str) -> bytes:
+    """The object code of LLVM IR text (packed as `jit.pack_objects`): compiled in parts, in
+    parallel, where workers are running and the module is large enough to pay; else here."""
+    with _lock:
+        idle = [w for w in _workers if w.usable() and w.busy.acquire(blocking=False)]
+    try:
+        parts = llvm_split.split(text, len(idle) + 1, MIN_LINES) if idle else [text]
+    except BaseException:
+        for w in idle:
+            w.busy.release()
+        raise
+    for w in idle[len(parts) - 1:]:
+        w.busy.release()
+    if len(parts) == 1:
+        return jit.compile_object(text)
+    # the smallest part here: this process also loads the objects when they are done
+    parts.sort(key=len)
+    results: list[bytes | None] = [None] * len(parts)
+    level, unroll = jit.SPEED_LEVEL, jit.UNROLL_LOOPS
+
+    def remote(i: int, worker: _Worker) -> None:
+        """Runs in a thread that owns `worker` until its exchange ends, even where the
+        compile that asked is interrupted meanwhile."""
+        try:
+            results[i] = worker.compile(jit.with_function_attributes(parts[i]), level, unroll)
+        except WorkerError:
+            pass  # compiled here below, where a real error is raised
+        finally:
+            worker.busy.release()
+
+    threads = [threading.Thread(target=remote, args=(i, w), daemon=True)
+               for i, w in zip(range(1, len(parts)), idle)]
+    for k, t in enumerate(threads):
+        try:
+            t.start()
+        except RuntimeError:  # no thread to be had: those parts are compiled here
+            for w in idle[k:len(threads)]:
+                w.busy.release()
+            threads = threads[:k]
+            break
+    results[0] = jit.compile_object(parts[0])
+    for t in threads:
+        t.join()
+    return jit.pack_objects([r if r is not None else jit.compile_object(p)
+                             for r, p in zip(results, parts)])
+
+
+def serve() -> None:
+    """A worker's loop: compile each request on stdin, answer on stdout, until stdin closes."""
+    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    jit.target_machine()
+    out.write(_READY)
+    out.flush()
+    while True:
+        try:
+            size, level, unroll = _REQUEST.unpack(_read(inp, _REQUEST.size))
+            text = _read(inp, size).decode()
+        except WorkerError:  # stdin closed: the process it served is done with it
+            return
+        try:
+            ok, payload = 1, jit.target_machine().emit_object(
+                jit.optimize_attributed(text, level, bool(unroll)))
+        except Exception as e:  # reported to the process that asked: it compiles the part
+            ok, payload = 0, f"{type(e).__name__}: {e}".encode()
+        out.write(_REPLY.pack(ok, len(payload)) + payload)
+        out.flush()
+
+
+def _forget_after_fork() -> None:
+    """A forked child shares its parent's pipes: it closes its copies (the workers stay the
+    parent's) and starts workers of its own when it compiles; the lock may have been held by
+    another thread of the parent, so the child gets a new one."""
+    global _lock
+    _lock = threading.Lock()
+    for w in _workers:
+        for pipe in (w.proc.stdin, w.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+    _workers.clear()
+
+
+atexit.register(stop)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)

@@ -1,0 +1,149 @@
+"""Cut a program's LLVM IR text into parts that compile separately, for parallel compilation.
+
+LLVM's pipeline and code generation are most of a cold compile and work function by function,
+so a module cut into parts of about equal size compiles in about the time of its largest part
+when each part compiles in its own process (see compile_workers.py). The unit of the cut is a
+*cluster*: an entry function with its out-of-line parts, or a kernel `kN` with the functions
+named `kN.*` that only it calls (its thread task, epilogue, body). Helpers every kernel may call
+(the math library, streaming copies, packing loops) are internal and stateless: each part gets
+its own copy of those it reaches. A function one part calls and another defines becomes
+external in its own part and is declared in the other; everything else keeps its linkage, so
+a kernel still inlines into the entry of its part. Kernels whose bodies are equal up to their
+names go to one part, where the pipeline's function merging keeps one of them.
+
+The text is the one llvmlite's printer writes (cpu.lower): top-level definitions start at
+column 0 with `define` and end at a line `}`; everything else (the header, declarations,
+constant globals, metadata) is one line and goes to every part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+
+_NAME = re.compile(r'@"([^"]+)"|@([-\w.$]+)')
+_KERNEL = re.compile(r"(k\d+)(\..*)?$")
+_ENTRY = re.compile(r"(eqsat\.fn\..+?)(\.part\d+)?$")
+
+
+@dataclass
+class _Function:
+    name: str
+    lines: list[str]
+    calls: set[str] = field(default_factory=set)
+
+    @property
+    def internal(self) -> bool:
+        return self.lines[0].startswith("define internal ")
+
+
+def _names(text: str) -> set[str]:
+    return {a or b for a, b in _NAME.findall(text)}
+
+
+def _parse(text: str) -> tuple[list[str], dict[str, _Function]]:
+    """The module's one-line items in order, and its function definitions by name."""
+    lines = text.splitlines()
+    other: list[str] = []
+    functions: dict[str, _Function] = {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.startswith("define "):
+            other.append(line)
+            i += 1
+            continue
+        end = lines.index("}", i)
+        name = _NAME.search(line.split("(", 1)[0])
+        if name is None:
+            raise ValueError(f"no function name in {line!r}")
+        fn = _Function(name.group(1) or name.group(2), lines[i:end + 1])
+        fn.calls = _names("\n".join(fn.lines)) - {fn.name}
+        functions[fn.name] = fn
+        i = end + 1
+    return other, functions
+
+
+def _cluster(name: str) -> str | None:
+    """The cluster a function belongs to, or None for a shared helper."""
+    m = _KERNEL.match(name) or _ENTRY.match(name)
+    return m.group(1) if m else None
+
+
+def _declaration(fn: _Function) -> str:
+    head = fn.lines[0].rstrip().removesuffix("{").rstrip()
+    return "declare " + head.removeprefix("define ").removeprefix("internal ")
+
+
+def split(text: str, parts: int, min_lines: int = 0) -> list[str]:
+    """`text` cut into at most `parts` modules of about equal size that together define what it
+    defines (one part, the text itself, when it is smaller than `min_lines` lines of function
+    bodies or has fewer clusters than parts)."""
+    other, functions = _parse(text)
+    clusters: dict[str, list[str]] = {}
+    shared: dict[str, _Function] = {}
+    for name, fn in functions.items():
+        c = _cluster(name)
+        if c is None and fn.internal:
+            shared[name] = fn
+        else:
+            clusters.setdefault(c or name, []).append(name)
+
+    def reach(names: list[str]) -> set[str]:
+        """The shared helpers `names` call, directly or through other helpers."""
+        seen: set[str] = set()
+        todo = [c for n in names for c in functions[n].calls if c in shared]
+        while todo:
+            h = todo.pop()
+            if h not in seen:
+                seen.add(h)
+                todo += [c for c in shared[h].calls if c in shared]
+        return seen
+
+    helpers = {c: reach(names) for c, names in clusters.items()}
+    weight = {c: sum(len(functions[n].lines) for n in names) +
+              sum(len(shared[h].lines) for h in helpers[c]) for c, names in clusters.items()}
+    if parts < 2 or len(clusters) < 2 or sum(weight.values()) < min_lines:
+        return [text]
+
+    # equal kernels (up to their names) stay together, where function merging finds them
+    groups: dict[str, list[str]] = {}
+    for c, names in clusters.items():
+        body = "\n".join("\n".join(functions[n].lines) for n in names)
+        digest = hashlib.sha1(re.sub(rf'@"{re.escape(c)}\b', '@"k', body).encode()).hexdigest()
+        groups.setdefault(digest, []).append(c)
+    load = [0] * parts
+    owner: dict[str, int] = {}
+    for members in sorted(groups.values(), key=lambda g: (-weight[g[0]], g[0])):
+        p = load.index(min(load))
+        load[p] += weight[members[0]]
+        for c in members:
+            for n in clusters[c]:
+                owner[n] = p
+    used = sorted(set(owner.values()))
+    if len(used) < 2:
+        return [text]
+
+    crossing = {callee for caller, p in owner.items() for callee in functions[caller].calls
+                if callee in owner and owner[callee] != p}
+    crossing |= {callee for h in shared.values() for callee in h.calls if callee in owner}
+    out = []
+    for p in used:
+        mine = [n for n in functions if owner.get(n) == p]
+        needed = reach(mine)
+        declared = {c for n in mine for c in functions[n].calls if c in owner and owner[c] != p}
+        declared |= {c for h in needed for c in shared[h].calls if c in owner and owner[c] != p}
+        body: list[str] = []
+        for name, fn in functions.items():
+            if name in needed:
+                body += fn.lines
+            elif owner.get(name) == p:
+                head = fn.lines[0]
+                if name in crossing and fn.internal:
+                    head = "define " + head.removeprefix("define internal ")
+                body += [head, *fn.lines[1:]]
+            elif name in declared:
+                body.append(_declaration(fn))
+        out.append("\n".join(other + body) + "\n")
+    return out
