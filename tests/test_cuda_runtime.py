@@ -4,6 +4,8 @@ driver), and on a GPU (tests marked gpu) results like `interpret`'s."""
 
 from __future__ import annotations
 
+import inspect
+import pickle
 import sys
 
 import numpy as np
@@ -82,7 +84,6 @@ def test_a_cuda_executable_pickles_as_its_module(monkeypatch):
     """As the CPU Executable does (multiprocessing workers, copy.copy); it raised TypeError
     ('cannot pickle _thread.lock')."""
     import copy
-    import pickle
 
     cuda_runtime.gpu_unavailable.cache_clear()
     cuda_runtime._context.cache_clear()
@@ -96,7 +97,7 @@ def test_a_cuda_executable_pickles_as_its_module(monkeypatch):
             assert again.functions == exe.functions
         name = exe.functions[0]  # exe.f too: it was a lambda, which pickle refused
         again = pickle.loads(pickle.dumps(getattr(exe, name)))
-        assert isinstance(again.func, cuda_runtime.CudaExecutable) and again.args == (name,)
+        assert again.func == getattr(exe, name).func and again._arch == "sm_80"
     finally:
         cuda_runtime.gpu_unavailable.cache_clear()
         cuda_runtime._context.cache_clear()
@@ -142,6 +143,87 @@ def test_argument_errors_name_the_position_among_all_arguments(monkeypatch):
     finally:
         cuda_runtime.gpu_unavailable.cache_clear()
         cuda_runtime._context.cache_clear()
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    """CudaExecutables made against FakeDriver (they load and 'run', computing nothing)."""
+    cuda_runtime.gpu_unavailable.cache_clear()
+    cuda_runtime._context.cache_clear()
+    monkeypatch.setattr(cuda_runtime, "_driver", lambda: FakeDriver())
+    yield
+    cuda_runtime.gpu_unavailable.cache_clear()
+    cuda_runtime._context.cache_clear()
+
+
+def _scale_module():
+    @eqsat.function
+    def scale(x: eqsat.f32[2, 3], k: eqsat.f32[()]):
+        """Multiply x by k."""
+        return x * k
+
+    return scale, eqsat.Module(scale)
+
+
+def test_exe_f_is_one_prepared_function_as_on_the_cpu(fake_driver):
+    """`exe.f` of the CUDA executable was a new functools.partial at each access (the CPU's
+    is the function's prepared entry): a different object, repr and signature."""
+    _, m = _scale_module()
+    cpu = eqsat.backend.compile_module(m, cache_dir=None)
+    gpu = cuda_runtime.CudaExecutable(m, cuda.build(m))
+    for exe in (cpu, gpu):
+        f = exe.scale
+        assert exe.scale is f and "scale" in vars(exe)
+        assert repr(f) == "<eqsat compiled function @scale of @main>"
+        assert str(inspect.signature(f)) == str(inspect.signature(cpu.scale))
+        assert getattr(f, "__name__", None) == getattr(cpu.scale, "__name__", None)
+        assert "scale" in dir(exe) and exe.functions == ("scale",)
+        assert repr(pickle.loads(pickle.dumps(f))) == repr(f)
+
+
+def test_a_traced_function_is_resolved_once_as_on_the_cpu(fake_driver, monkeypatch):
+    """exe(f, ...) compared f's IR with the module's at every call on the GPU."""
+    scale, m = _scale_module()
+    looked_up = []
+    name_in = eqsat.ir.dsl.TracedFunction.name_in
+    monkeypatch.setattr(eqsat.ir.dsl.TracedFunction, "name_in",
+                        lambda self, module: looked_up.append(self) or name_in(self, module))
+    x, k = np.ones((2, 3), np.float32), np.float32(2)
+    for exe in (eqsat.backend.compile_module(m, cache_dir=None, source=m),
+                cuda_runtime.CudaExecutable(m, cuda.build(m), m)):
+        looked_up.clear()
+        for _ in range(3):
+            assert exe(scale, x, k).shape == (2, 3)
+            assert exe(scale, x=x, k=k).shape == (2, 3)
+        assert looked_up == [scale]
+
+
+def _errors(exe, other):
+    """The message of each way a call can go wrong."""
+    x, k = np.ones((2, 3), np.float32), np.float32(2)
+    calls = [lambda: exe.nope, lambda: exe("nope", x, k), lambda: exe(other, x, k),
+             lambda: exe(x, k), lambda: exe.scale(x), lambda: exe.scale(x, k, k),
+             lambda: exe.scale(x.T, k), lambda: exe.scale(x.astype(np.float64), k),
+             lambda: exe.scale(x, k=k, j=k), lambda: exe.scale(x, x=x),
+             lambda: exe("scale", [["a"]], k)]
+    messages = []
+    for call in calls:
+        with pytest.raises(eqsat.Error) as e:
+            call()
+        messages.append((type(e.value), str(e.value)))
+    return messages
+
+
+def test_call_errors_are_the_cpus(fake_driver):
+    _, m = _scale_module()
+
+    @eqsat.function
+    def other(x: eqsat.f32[2, 3], k: eqsat.f32[()]):  # not in m
+        return x + k
+
+    cpu = eqsat.backend.compile_module(m, cache_dir=None, source=m)
+    gpu = cuda_runtime.CudaExecutable(m, cuda.build(m), m)
+    assert _errors(gpu, other) == _errors(cpu, other)
 
 
 # ---------------------------------------------------------------- on the GPU

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Error, UnknownFunction
-from ..ir.dsl_function import function_name
+from ..errors import Error
 from ..ir.interpreter import bind_arguments, check_inputs
 from ..ir.module import Module
 from .cuda import GpuPlan, PtxProgram
+from .executable import BaseExecutable, CompiledFunction
 from .loops import row_major_strides
 
 
@@ -140,55 +140,34 @@ def _device_pointer(a: Any, want: Any, what: str) -> int | None:
     return ptr if ptr % 16 == 0 else None
 
 
-class CudaExecutable:
-    """Compiled functions of a module on the GPU: `exe("f", *arrays)` or `exe.f(*arrays)`.
+class _Loaded:
+    """A module's PTX loaded on the GPU: its kernels, one device arena per function and the
+    lock that serializes calls (each function owns one arena). The executable and its
+    functions share it; it holds neither of them."""
 
-    Returns fresh numpy arrays, one result as an array and several as a tuple, like the CPU
-    Executable. Calls are serialized (each function owns one device arena)."""
-
-    def __init__(self, module: Module, program: PtxProgram, source: Module | None = None):
+    def __init__(self, program: PtxProgram):
         drv = _driver()
         _context()
-        self.module = module
-        self._source = source  # as in the CPU Executable
-        self.program = program
-        self.ptx = program.ptx
         self._cumod = _check(drv.cuModuleLoadData(program.ptx.encode() + b"\0"),
                              "cuModuleLoadData")
         names = {ln.kernel.name for p in program.plans.values() for ln in p.launches}
         self._fns = {n: _check(drv.cuModuleGetFunction(self._cumod, n.encode()),
                                "cuModuleGetFunction") for n in sorted(names)}
         self._arenas: dict[str, DeviceBuffer] = {}
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
 
-    @property
-    def functions(self) -> tuple[str, ...]:
-        """The names of the callable functions."""
-        return tuple(self.program.plans)
-
-    def _arena(self, name: str, plan: GpuPlan) -> int:
+    def arena(self, name: str, plan: GpuPlan) -> int:
+        """The device address of function `name`'s arena, allocated on first use."""
         buf = self._arenas.get(name)
         if buf is None:
             buf = self._arenas[name] = DeviceBuffer(plan.arena_bytes)
         return buf.ptr
 
-    def __call__(self, name: str, /, *arrays: Any, **named: Any
-                 ) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run function `name` (or the @eqsat.function itself) on numpy arrays (or device
-        arrays), passed in order or by parameter name, and return numpy arrays."""
-        name = function_name(name, self.module if self._source is None else self._source)
-        plan = self.program.plans.get(name)
-        if plan is None:
-            raise UnknownFunction.among("the executable", name, self.program.plans)
-        if named:
-            arrays = bind_arguments(name, plan.func.params, arrays, named)
-        with self._lock:
-            return self._run(name, plan, arrays)
-
-    def _run(self, name: str, plan: GpuPlan, arrays: tuple[Any, ...]
-             ) -> np.ndarray | tuple[np.ndarray, ...]:
+    def run(self, name: str, plan: GpuPlan, arrays: tuple[Any, ...]
+            ) -> np.ndarray | tuple[np.ndarray, ...]:
+        """One call of function `name` (under `lock`): inputs in, kernels, results out."""
         drv = _driver()
-        base = self._arena(name, plan)
+        base = self.arena(name, plan)
         params = plan.func.params
         on_device = {k for k, a in enumerate(arrays) if hasattr(a, "__cuda_array_interface__")}
         checked = check_inputs(plan.func, arrays, skip=on_device)
@@ -214,7 +193,7 @@ class CudaExecutable:
             kind, k = plan.where[v]
             return param_ptr[k] if kind == "in" else base + k
 
-        self._launch(plan, pointer)
+        self.launch(plan, pointer)
         outputs = []
         for v, t in zip(plan.func.returns, plan.func.result_types):
             host = np.empty(t.shape, t.dtype.np)
@@ -224,7 +203,8 @@ class CudaExecutable:
             outputs.append(host)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
-    def _launch(self, plan: GpuPlan, pointer: Callable[[str], int]) -> None:
+    def launch(self, plan: GpuPlan, pointer: Callable[[str], int]) -> None:
+        """Launch `plan`'s kernels in order on the default stream, each value at `pointer`."""
         drv = _driver()
         for ln in plan.launches:
             k = ln.kernel
@@ -233,33 +213,65 @@ class CudaExecutable:
             _check(drv.cuLaunchKernel(self._fns[k.name], *k.grid, *k.block, 0, 0, args, 0),
                    f"launch of {k.name}")
 
+
+class _GpuFunction(CompiledFunction):
+    """One function of a loaded module, called on numpy or device arrays: what `exe.f` is."""
+
+    def __init__(self, plan: GpuPlan, loaded: _Loaded, module: Module, arch: str):
+        super().__init__(plan.func, module)
+        self.plan = plan
+        self._loaded = loaded
+        self._arch = arch
+
+    def __call__(self, *arrays: Any, **named: Any) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run the function on numpy arrays (or device arrays), passed in order or by
+        parameter name; see CudaExecutable."""
+        if named:
+            arrays = bind_arguments(self.func.name, self.func.params, arrays, named)
+        with self._loaded.lock:
+            return self._loaded.run(self.func.name, self.plan, arrays)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its module, arch and name, compiled again where it is loaded."""
+        return (_compiled_function, (self._module, self._arch, self.func.name))
+
+
+class CudaExecutable(BaseExecutable):
+    """Compiled functions of a module on the GPU: `exe("f", *arrays)` or `exe.f(*arrays)`.
+
+    Returns fresh numpy arrays, one result as an array and several as a tuple, like the CPU
+    Executable. Calls are serialized (each function owns one device arena)."""
+
+    def __init__(self, module: Module, program: PtxProgram, source: Module | None = None):
+        self.module = module
+        self._source = source
+        self.program = program
+        self.ptx = program.ptx
+        self._loaded = _Loaded(program)
+        self._install({name: _GpuFunction(plan, self._loaded, module, program.arch)
+                       for name, plan in program.plans.items()})
+
     def time_launches(self, name: str, *arrays: Any, repeat: int = 20) -> float:
         """Seconds one call's kernels take on the GPU (inputs uploaded once, results not
         copied back): the median of `repeat` timed runs after a warm-up call."""
         self(name, *arrays)  # uploads the inputs into the arena; compiles lazily in the driver
-        plan = self.program.plans[name]
-        base = self._arena(name, plan)
+        plan = self.program.plans[name if type(name) is str else self._resolve(name)]
+        loaded = self._loaded
+        base = loaded.arena(name, plan)
 
         def pointer(v: str) -> int:
             kind, k = plan.where[v]
             return base + (plan.param_at[k] if kind == "in" else k)
 
         times = []
-        with self._lock:
+        with loaded.lock:
             for _ in range(repeat):
                 synchronize()
                 t0 = time.perf_counter()
-                self._launch(plan, pointer)
+                loaded.launch(plan, pointer)
                 synchronize()
                 times.append(time.perf_counter() - t0)
         return float(np.median(times))
-
-    def __getattr__(self, name: str) -> Callable[..., np.ndarray | tuple[np.ndarray, ...]]:
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name not in self.program.plans:
-            raise UnknownFunction.among("the executable", name, self.program.plans)
-        return functools.partial(self, name)  # pickles with the executable, as the CPU one
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (and copied) as its module and arch, compiled again where it is loaded, as
@@ -276,3 +288,10 @@ def _recompiled(module: Module, arch: str, source: Module | None) -> CudaExecuta
     from .cuda import compile_module
 
     return compile_module(module, arch, source)
+
+
+def _compiled_function(module: Module, arch: str, name: str) -> _GpuFunction:
+    """Function `name` of `module` compiled for `arch` (how a pickled `exe.f` is loaded)."""
+    from .cuda import compile_module
+
+    return compile_module(module, arch)._entries[name]

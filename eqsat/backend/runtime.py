@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import math
 import struct
 import threading
-import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from ..errors import InterpretError, UnknownFunction
-from ..ir.dsl_function import function_name
+from ..errors import InterpretError
 from ..ir.interpreter import bind_arguments, check_inputs
 from ..ir.module import Function, Module
+from .executable import BaseExecutable, CompiledFunction
 from .jit import Code
 
 _ENTRY = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
@@ -44,7 +41,7 @@ def _address(a: np.ndarray) -> int:
         return a.ctypes.data
 
 
-class _Entry:
+class _Entry(CompiledFunction):
     """One IR function's native entry point, callable on numpy arrays: what `exe.f` is.
 
     Everything a call needs is prepared here, once, so a call with arrays of exactly the
@@ -55,7 +52,7 @@ class _Entry:
 
     def __init__(self, func: Function, arena_bytes: int, address: int, code: Code,
                  local: threading.local, align: int, module: Module):
-        self.func = func
+        super().__init__(func, module)
         self.arena_bytes = arena_bytes
         self.native = _ENTRY(address)  # ctypes releases the GIL for the call
         self.results = [(t.shape, t.dtype.np, t.nbytes >= STREAM_MIN)
@@ -73,7 +70,6 @@ class _Entry:
         self._code = code
         self._local = local
         self._align = align
-        self._module = module
 
     def __call__(self, *arrays: Any, **named: Any) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run the function on numpy arrays (or values numpy can convert), passed in order or
@@ -131,9 +127,6 @@ class _Entry:
         is): `pool.map(exe.f, batches)` sends it to multiprocessing workers."""
         return (_compiled_function, (self._module, self.func.name))
 
-    def __repr__(self) -> str:
-        return f"<eqsat compiled function @{self.func.name} of @{self._module.name}>"
-
 
 def _compiled_function(module: Module, name: str) -> _Entry:
     """Function `name` of `module` compiled (how a pickled `exe.f` is loaded)."""
@@ -159,7 +152,7 @@ def _out_of_memory(entry: _Entry) -> str:
             f"and its working memory {entry.arena_bytes:,} bytes")
 
 
-class Executable:
+class Executable(BaseExecutable):
     """Compiled functions of a module: `exe("f", *arrays)` or `exe.f(*arrays)`.
 
     Inputs are checked against the parameter types (an `eqsat.Error` says which differs) and
@@ -171,69 +164,15 @@ class Executable:
                  source: Module | None = None):
         self.module = module
         self.key = key
-        # The module as given to eqsat.compile (before differentiating and optimizing), where a
-        # traced function passed as `exe(f, ...)` is looked up; None: `module` itself.
         self._source = source
-        self._resolved: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._code = code  # keeps the machine code alive as long as the entries
         # layout (cpu._layout): {"align": bytes, "functions": {name: {"symbol", "arena_bytes"}}}
         align = int(layout["align"])
         local = threading.local()  # each thread's scratch arena
         funcs = {f.name: f for f in module.functions}
-        self._entries = {name: _Entry(funcs[name], int(e["arena_bytes"]),
-                                      code.address(e["symbol"]), code, local, align, module)
-                         for name, e in layout["functions"].items()}
-        # `exe.f` is an instance attribute, not found through __getattr__ (which Python calls
-        # only after the class and instance lookups miss: ~1 us a call). Names of the
-        # executable's own attributes stay theirs, names starting with "_" the internals'.
-        for name, entry in self._entries.items():
-            if not name.startswith("_") and not hasattr(type(self), name) \
-                    and name not in vars(self):
-                setattr(self, name, entry)
-
-    @property
-    def functions(self) -> tuple[str, ...]:
-        """The names of the callable functions."""
-        return tuple(self._entries)
-
-    def __call__(self, name: str, /, *arrays: Any, **named: Any
-                 ) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run function `name` (or the @eqsat.function itself) on numpy arrays (or values numpy
-        can convert), passed in order or by parameter name."""
-        if type(name) is not str:
-            name = self._resolve(name)
-        entry = self._entries.get(name)
-        if entry is None:
-            raise UnknownFunction.among("the executable", name, self._entries)
-        return entry(*arrays, **named)
-
-    def _resolve(self, function: Any) -> str:
-        """The name a traced function has here, looked up once per function (resolving
-        compares its IR with the module's: ~2 us a call)."""
-        try:
-            return self._resolved[function]
-        except (KeyError, TypeError):  # not seen yet, or not weakly referable
-            name = function_name(function, self.module if self._source is None
-                                 else self._source)
-        with contextlib.suppress(TypeError):
-            self._resolved[function] = name
-        return name
-
-    def __getattr__(self, name: str) -> Callable[..., np.ndarray | tuple[np.ndarray, ...]]:
-        """`exe.f` for function @f (set as an attribute by __init__; `module`, `key` and
-        `functions` are the executable's own attributes: call functions of those names as
-        `exe("module", ...)`). It pickles as the executable does: `pool.map(exe.f, batches)`
-        sends it to multiprocessing workers. An unknown name is an UnknownFunction, which is
-        also an AttributeError."""
-        if name.startswith("_"):
-            raise AttributeError(name)
-        if name not in self._entries:
-            raise UnknownFunction.among("the executable", name, self._entries)
-        return self._entries[name]
-
-    def __dir__(self) -> list[str]:
-        """The attributes and the callable functions (for tab completion)."""
-        return sorted(set(super().__dir__()) | set(self._entries))
+        self._install({name: _Entry(funcs[name], int(e["arena_bytes"]),
+                                    code.address(e["symbol"]), code, local, align, module)
+                       for name, e in layout["functions"].items()})
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (and copied) as its module, compiled again where it is loaded (a cache hit:
