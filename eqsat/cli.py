@@ -7,6 +7,7 @@ exits with status 1.
 from __future__ import annotations
 
 import argparse
+import codecs
 import os
 import sys
 from collections.abc import Iterator, Sequence
@@ -18,6 +19,7 @@ import numpy as np
 from .errors import Error, LocatedError
 from .ir import Module, parse
 from .ir.formatter import format_source
+from .ir.parser import source_text
 
 if TYPE_CHECKING:
     from .rules import Limits, RuleSet
@@ -81,13 +83,16 @@ def cmd_fmt(args: argparse.Namespace) -> int:
     for path, m, data in _loaded(args.files, failed):
         text = format_source(data, path, m)
         if args.check:
-            # the text as read (stdin included), newlines read as Python's text files read them
-            source = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+            # the text as read (stdin included; a byte order mark is not text), newlines read
+            # as Python's text files read them
+            source = source_text(data, path).replace("\r\n", "\n").replace("\r", "\n")
             if source != text:
                 print(f"{path}: not in canonical form", file=sys.stderr)
                 failed.append(path)
         elif args.in_place and path != "-":
-            _write(path, lambda p: Path(p).write_text(text))
+            # the file keeps its byte order mark, if it has one (Windows editors write it)
+            encoding = "utf-8-sig" if data.startswith(codecs.BOM_UTF8) else "utf-8"
+            _write(path, lambda p: Path(p).write_text(text, encoding=encoding))
         else:
             sys.stdout.write(text)
     return 1 if failed else 0
@@ -282,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fmt", help="print .eqir files in canonical form, comments kept")
     f.add_argument("files", nargs="+", metavar="FILE", help="a .eqir file, or - for stdin")
     mode = f.add_mutually_exclusive_group()
-    mode.add_argument("-i", "--in-place", action="store_true", help="rewrite the files")
+    mode.add_argument("-i", "--in-place", action="store_true",
+                      help="rewrite the files (a UTF-8 byte order mark is kept)")
     mode.add_argument("--check", action="store_true",
                       help="exit 1 if a file is not in canonical form")
     f.set_defaults(run=cmd_fmt)

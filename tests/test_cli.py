@@ -47,6 +47,28 @@ def test_fmt(tmp_path, capsys):
     assert main(["fmt", "--check", str(p)]) == 0
 
 
+def test_fmt_keeps_a_byte_order_mark_and_checks_the_text_after_it(tmp_path, capsys):
+    """A file starting with a UTF-8 BOM (as Windows editors write it) was never in canonical
+    form for --check (the BOM was compared as text), and -i dropped it. The BOM is not part
+    of the text: -i keeps the file's, --check and the printed text go without it."""
+    p = tmp_path / "bom.eqir"
+    p.write_bytes(b"\xef\xbb\xbf" + GOOD.encode())
+    assert main(["fmt", "--check", str(p)]) == 0
+    assert main(["fmt", str(p)]) == 0
+    assert capsys.readouterr().out == GOOD
+    p.write_bytes(b"\xef\xbb\xbf" + GOOD.replace("\n\n", "\n").encode())
+    assert main(["fmt", "--check", str(p)]) == 1
+    capsys.readouterr()
+    assert main(["fmt", "-i", str(p)]) == 0
+    assert p.read_bytes() == b"\xef\xbb\xbf" + GOOD.encode()
+    assert main(["fmt", "--check", str(p)]) == 0
+    plain = tmp_path / "plain.eqir"
+    plain.write_text("module @m\n# caf\u00e9\n" + GOOD.removeprefix("module @m\n"),
+                     encoding="utf-8")
+    assert main(["fmt", "-i", str(plain)]) == 0
+    assert plain.read_bytes().startswith(b"module @m\n\n# caf\xc3\xa9\n")
+
+
 def test_console_script_runs(tmp_path):
     p = tmp_path / "good.eqir"
     p.write_text(GOOD)
