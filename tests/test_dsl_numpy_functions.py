@@ -193,3 +193,41 @@ def test_numpy_ufuncs_of_integers_take_numpys_dtypes():
         for g, w in zip(run(function(npf_model), n), npf_model(n)):
             assert g.dtype == w.dtype
             np.testing.assert_allclose(g, w, rtol=1e-15)
+
+
+class Duck:
+    """A foreign duck array (as dask's, xarray's): it implements np.concatenate only."""
+
+    def __array_function__(self, func, types, args, kwargs):
+        return "duck" if func is np.concatenate else NotImplemented
+
+
+class DuckArray(np.ndarray):
+    """A foreign ndarray subclass with a protocol of its own: np.where only."""
+
+    def __array_function__(self, func, types, args, kwargs):
+        return "duck array" if func is np.where else NotImplemented
+
+
+def test_numpy_functions_leave_foreign_array_types_their_turn():
+    """Tracer's __array_function__ ignored `types`: it ran (or refused with a TraceError) numpy
+    functions of a traced value and a foreign array type, which never got its turn (NEP 18:
+    an unknown type in `types` means NotImplemented; numpy raises TypeError if nobody takes
+    the call). Plain numpy arrays and scalars still meet traced values as before."""
+    got = {}
+
+    def npf_model(x: f32[3, 4]):
+        got["concatenate"] = np.concatenate([x, Duck()])
+        got["where"] = np.where(x > 0, x, np.zeros((3, 4), np.float32).view(DuckArray))
+        with pytest.raises(TypeError, match="no implementation found for 'numpy.stack'"):
+            np.stack([x, Duck()])
+        with pytest.raises(TraceError, match="arrays are not captured as constants"):
+            np.where(x > 0, x, np.zeros((3, 4), np.float32))
+        with pytest.raises(TraceError, match="arrays are not captured as constants"):
+            np.concatenate([x, np.ma.zeros((3, 4), np.float32)])
+        return np.where(x > 0, np.float32(2), x) + np.clip(x, np.float32(-0.5), 1.0)
+
+    f = function(npf_model)
+    assert got == {"concatenate": "duck", "where": "duck array"}
+    want = np.where(X > 0, np.float32(2), X) + np.clip(X, np.float32(-0.5), 1.0)
+    np.testing.assert_array_equal(run(f, X), want)

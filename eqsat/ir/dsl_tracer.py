@@ -178,6 +178,11 @@ class Tracer:
         return handler(*inputs)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        # NEP 18: a type among the arguments that has its own protocol (a foreign duck array)
+        # gets its turn; numpy's arrays, with ndarray's protocol, meet traced values here.
+        if not all(issubclass(t, Tracer) or getattr(t, "__array_function__", None)
+                   is _NDARRAY_FUNCTION for t in types):
+            return NotImplemented
         handler = FUNCTION_HANDLERS.get(func)
         if handler is None:
             name = getattr(func, "__name__", repr(func))
@@ -187,6 +192,7 @@ class Tracer:
         return handler(*args, **kwargs)
 
 
+_NDARRAY_FUNCTION = np.ndarray.__array_function__
 _COMPARISON_UFUNCS = frozenset({np.less, np.less_equal, np.greater, np.greater_equal, np.equal,
                                 np.not_equal})
 
