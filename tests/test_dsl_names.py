@@ -134,3 +134,31 @@ def test_an_unpickled_function_meets_a_different_one_of_its_callees_name():
     assert [it.name for it in both.module] == ["layer", "caller", "layer_2", "both"]
     x = rand((4,))
     close(both(x), x * 2.0 + 1.0 + x * 5.0)
+
+
+def test_a_copy_is_found_under_any_suffix_of_its_name():
+    """name_in walked the suffixes as Module renames (layer, layer_2, ...) and stopped at the
+    first one free, so a copy past a gap (layer and layer_3, no layer_2: a module edited or
+    written so) was not found; nor was a caller whose callee's copy was past a gap."""
+    layers = [make_layer(k) for k in (1.0, 2.0, 3.0)]
+    m = eqsat.Module(*layers)
+    assert [it.name for it in m] == ["layer", "layer_2", "layer_3"]
+    assert [f.name_in(m) for f in layers] == ["layer", "layer_2", "layer_3"]
+    gap = eqsat.Module(*(it for it in m if it.name != "layer_2"))
+    assert [it.name for it in gap] == ["layer", "layer_3"]
+    assert layers[2].name_in(gap) == "layer_3"
+    x = rand((4,))
+    close(eqsat.compile(gap)(layers[2], x), x * 3.0)
+    with pytest.raises(UnknownFunction, match="its @layer is a different function"):
+        layers[1].name_in(gap)
+
+    models = [make_model(k) for k in (1.0, 2.0, 3.0)]
+    m = eqsat.Module(*models)
+    assert [it.name for it in m][-2:] == ["layer_3", "model_3"]
+    gap = parse(str(m).replace("@model_2", "@model_9").replace("@layer_2", "@layer_8"))
+    assert models[2].name_in(gap) == "model_3"
+    assert models[1].name_in(gap) == "model_9"
+    close(eqsat.interpret(gap, models[1], x), x * 2.0 + 1.0)
+    other = parse(str(m).replace("mul", "add"))  # every copy's body differs
+    with pytest.raises(UnknownFunction, match="not in module"):
+        models[2].name_in(other)

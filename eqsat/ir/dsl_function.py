@@ -18,7 +18,8 @@ from .dsl_trace import (active_trace, constant, current_trace, describe, literal
                         tracing)
 from .dsl_tracer import Tracer
 from .interpreter import bind_arguments, interpret
-from .module import Function, GradDecl, Item, Module, Param, Stmt, _expand, merge_items
+from .module import (Function, GradDecl, Item, Module, Param, Stmt, _expand, find_copies,
+                     merge_items)
 from .printer import format_function, format_grad_decl
 from .types import TensorType, shape_problem
 from .verifier import Signature, signatures, verify
@@ -90,13 +91,13 @@ class TracedFunction:
 
     def name_in(self, module: Module) -> str:
         """The name this function's IR has in `module`: its own where the module's item of
-        that name is its IR (calling the same callees), else that of the item equal to it up
-        to names (callees renamed alike, as `Module` renames them); an `UnknownFunction` where
-        there is none. Two functions of one body calling different callees differ."""
-        index = {it.name: it for it in reversed(module.items)}  # the first of a name, as m[n]
-        name = merge_items(index, self._items).get(self.name, self.name)
-        if name in module:  # merge_items added nothing under it: the module's item matched
-            return name
+        that name is its IR (calling the same callees), else that of the first item equal to
+        it up to names (its name with any suffix `_k`, callees renamed alike, as `Module`
+        renames them); an `UnknownFunction` where there is none. Two functions of one body
+        calling different callees differ."""
+        copies = find_copies(module.items, self._items)[self.name]
+        if copies:
+            return self.name if self.name in copies else copies[0]
         raise UnknownFunction(f"the traced function {self.name} is not in module "
                               f"@{module.name}" + (f": its @{self.name} is a different function"
                                                    if self.name in module else ""))

@@ -7,6 +7,7 @@ messages but never take part in comparisons.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
@@ -349,3 +350,41 @@ def merge_items(index: dict[str, Item], closure: Iterable[Item],
         if name != item.name:
             renamed[item.name] = name
     return renamed
+
+
+_SUFFIXED = re.compile(r"(.+)_[0-9]+\Z")
+
+
+def find_copies(items: Iterable[Item], closure: Iterable[Item]) -> dict[str, list[str]]:
+    """For each item of `closure` (items that call each other by name, callees first), the
+    names of its copies among `items`, in their order: items equal to it up to names, as
+    merge_items renames them (its name or that name with any suffix `_k`, its calls going to
+    copies of its callees)."""
+    by_base: dict[str, list[Item]] = {}
+    for held in items:
+        by_base.setdefault(held.name, []).append(held)
+        if suffixed := _SUFFIXED.match(held.name):
+            by_base.setdefault(suffixed.group(1), []).append(held)
+    copies: dict[str, list[str]] = {}
+    for item in closure:
+        copies[item.name] = [held.name for held in by_base.get(item.name, ())
+                             if _is_copy(held, item, copies)]
+    return copies
+
+
+def _is_copy(held: Item, item: Item, copies: dict[str, list[str]]) -> bool:
+    """Whether `held` is `item` up to its name and its callees' (each one of their `copies`)."""
+    if isinstance(item, GradDecl):
+        return isinstance(held, GradDecl) and held.of in copies.get(item.of, ()) \
+            and replace(held, name=item.name, of=item.of) == item
+    if not isinstance(held, Function) or len(held.body) != len(item.body):
+        return False
+    for s, h in zip(item.body, held.body):
+        if s.op == "call" and h.op == "call":
+            callee = s.attr["callee"]
+            if h.attr["callee"] not in copies.get(callee, ()):
+                return False
+            h = replace(h, attrs=tuple((k, callee if k == "callee" else v) for k, v in h.attrs))
+        if h != s:
+            return False
+    return replace(held, name=item.name, body=item.body) == item
