@@ -129,7 +129,10 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
         return keep_input(f"saturation's last round grew the e-graph to {sat.final_nodes} "
                           f"e-nodes, more than extraction can handle within the time limit "
                           f"(about {int(afford)})", warn=False)
-    ser = eg.serialize()
+    try:
+        ser = eg.serialize()
+    finally:
+        eg.close()
     report.eclasses = len(ser.classes)
     clock.lap("serialize")
 

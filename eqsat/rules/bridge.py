@@ -38,7 +38,7 @@ from ..ir.module import Function, Module, Names, Stmt
 from ..ir.ops import INTS
 from ..ir.types import DTYPES, TensorType
 from ..ir.verifier import verify
-from . import schema
+from . import egraph_pool, schema
 from .in_flight import egglog_call
 
 
@@ -168,17 +168,18 @@ _ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
 class EGraph:
     """A module loaded into egglog: the native e-graph plus what is needed to read it back."""
 
-    def __init__(self, module: Module, deadline: float = math.inf):
+    def __init__(self, module: Module, deadline: float = math.inf, rules: str = ""):
         if module.grad_decls:
             raise BridgeError("the module still has gradient declarations; expand them with "
                               "eqsat.differentiate before loading it into an e-graph")
         verify(module)
         self.module = module
-        self.native = bindings.EGraph()
+        self.rules = rules  # the rule set program declared below the module (see add_rules)
+        self.failed = False
+        self.native = egraph_pool.take(rules, _fresh_native, _declare)
         self.encodings = schema.encodings()
         self.lets: dict[str, tuple[str, str]] = {}  # let name -> (function, value name)
         self.root_lets: dict[str, list[str]] = {}
-        self.run(schema.prelude())
         # egglog parses and runs a program in time quadratic in its length (a 2,000-statement
         # module took 13 s in one program): fed in chunks, loading is linear
         lines = self._module_program().splitlines()
@@ -189,12 +190,34 @@ class EGraph:
             self.run("\n".join(lines[i:i + LOAD_CHUNK]))
         # Terms inside a statement's term (the 0.0 of a -0.0 constant's neg) get their types
         # from the analysis too, not only at the first saturation: a loaded graph is typed.
-        self.analyze()
+        # Its outputs are kept for the saturation's report: where the rule set was declared
+        # first, its analysis rules (constant folding) fire here.
+        self.load_outputs = self.analyze()
 
     def run(self, program: str) -> list[Any]:
         """Run egglog program text on the e-graph; returns egglog's outputs."""
-        with egglog_call():
-            return self.native.run_program(*self.native.parse_program(program))
+        if self.native is None:
+            raise BridgeError("the e-graph was closed")
+        try:
+            return _declare(self.native, program)
+        except BaseException:
+            self.failed = True
+            raise
+
+    def add_rules(self, program: str) -> None:
+        """Declare a rule set's egglog program, unless it was declared with the schema."""
+        if program != self.rules:
+            self.run(program)
+
+    def close(self) -> None:
+        """Done with the e-graph (its serialized snapshots stay valid): its native e-graph
+        goes back to the pool for the next module, unless a run on it failed."""
+        native, self.native = self.native, None
+        if native is not None and not self.failed:
+            try:
+                egraph_pool.give(native, self.rules, _declare)
+            except Exception:  # egglog refused the pop: the e-graph is dropped, not reused
+                pass
 
     def analyze(self) -> list[Any]:
         """Run the analysis ruleset to its fixpoint (types of new terms, analysis rules such
@@ -266,10 +289,22 @@ class EGraph:
         return _Builder(self, choices).module(name)
 
 
-def load(module: Module, deadline: float = math.inf) -> EGraph:
-    """Load every function of a verified module (no gradient declarations) into an e-graph;
-    `LoadTimeout` past `deadline` (a `time.perf_counter` value)."""
-    return EGraph(module, deadline)
+def load(module: Module, deadline: float = math.inf, rules: str = "") -> EGraph:
+    """Load every function of a verified module (no gradient declarations) into an e-graph
+    where the rule set program `rules` is declared; `LoadTimeout` past `deadline` (a
+    `time.perf_counter` value)."""
+    return EGraph(module, deadline, rules)
+
+
+def _fresh_native() -> Any:
+    native = bindings.EGraph()
+    _declare(native, schema.prelude())
+    return native
+
+
+def _declare(native: Any, program: str) -> list[Any]:
+    with egglog_call():
+        return native.run_program(*native.parse_program(program))
 
 
 # ---------------------------------------------------------------- serialized JSON -> Python

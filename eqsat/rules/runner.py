@@ -157,10 +157,11 @@ def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
     e-graph past it is not started (stop reason "time limit", predicted)."""
     limits = limits or Limits()
     start = time.perf_counter() if start is None else start
-    eg.run(compile_ruleset(rules))
+    eg.add_rules(compile_ruleset(rules))
     passes = [p for p in PASSES if p.enabled(rules)]
     names = set(rules.names()).union(*(p.rule_names for p in passes))
-    first, _ = _matches(eg.analyze())
+    first, _ = _matches(eg.load_outputs + eg.analyze())
+    eg.load_outputs = []
     report = Report(SATURATED, initial_nodes=eg.size())
     report.fired.update({k: v for k, v in first.items() if k in names})
     last_nodes, last_growth, last_fixed = report.initial_nodes, 1.0, 0.0
@@ -227,5 +228,5 @@ def saturate(module: Module, rules: RuleSet, limits: Limits | None = None,
     run report; `bridge.LoadTimeout` where loading alone outlasts the time limit.
     """
     start = time.perf_counter()  # loading counts against the time limit too
-    eg = load(module, start + (limits or Limits()).seconds)
+    eg = load(module, start + (limits or Limits()).seconds, compile_ruleset(rules))
     return eg, saturate_egraph(eg, rules, limits, progress, start, afford)

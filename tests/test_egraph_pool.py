@@ -1,0 +1,97 @@
+"""Native e-graphs reused across modules (rules/egraph_pool.py): each module must find an
+e-graph holding nothing of the modules before it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqsat
+from eqsat.rules import bridge, default, egraph_pool, parse as parse_rules
+from eqsat.rules.compile import compile_ruleset
+from eqsat.rules.runner import _matches, saturate, saturate_egraph
+
+A = """module @a
+func @f(%x: f32[4], %y: f32[4]) -> f32[4] {
+  %s = add %x, %y : f32[4]
+  %e = exp %s : f32[4]
+  return %e
+}
+"""
+B = """module @b
+func @f(%x: f32[4]) -> f32[4] {
+  %s = mul %x, %x : f32[4]
+  return %s
+}
+"""
+
+
+@pytest.fixture(autouse=True)
+def empty_pool():
+    egraph_pool.clear()
+    yield
+    egraph_pool.clear()
+
+
+def _kept(rules: str) -> list:
+    return egraph_pool._kept.get(rules, [])
+
+
+def test_a_closed_egraph_is_reused_and_holds_nothing_of_its_module():
+    rules = compile_ruleset(default())
+    eg = bridge.load(eqsat.parse(A), rules=rules)
+    native = eg.native
+    eg.close()
+    assert _kept(rules) == [native]
+    eg2 = bridge.load(eqsat.parse(B), rules=rules)
+    assert eg2.native is native
+    ser = eg2.serialize()
+    ops = {n.op for n in ser.nodes.values()}
+    assert "add" not in ops and "exp" not in ops and "mul" in ops
+    assert len(ser.classes) == 2  # %x and %x * %x
+    eg2.close()
+
+
+def test_optimizing_one_module_after_another_gives_each_its_own_program():
+    a, b = eqsat.parse(A), eqsat.parse(B)
+    for _ in range(2):
+        oa, ob = eqsat.optimize(a), eqsat.optimize(b)
+        x = np.linspace(-1, 1, 4, dtype=np.float32)
+        np.testing.assert_allclose(eqsat.interpret(oa, "f", x, x), np.exp(2 * x), rtol=1e-6)
+        np.testing.assert_allclose(eqsat.interpret(ob, "f", x), x * x, rtol=1e-6)
+    assert len(_kept(compile_ruleset(default()))) >= 1
+
+
+def test_an_egraph_whose_run_failed_is_dropped():
+    eg = bridge.load(eqsat.parse(A))
+    with pytest.raises(Exception):
+        eg.run("(this is not egglog)")
+    eg.close()
+    assert _kept("") == []
+    with pytest.raises(bridge.BridgeError, match="closed"):
+        eg.run("(print-size)")
+
+
+def test_rules_added_to_an_egraph_of_other_rules_are_gone_when_it_is_reused():
+    """A rule set declared over the kept one (here: none) is popped with the module."""
+    mine = parse_rules("rule twice: add(?x, ?x) => add(neg(neg(?x)), ?x)")
+    m = eqsat.parse(A.replace("add %x, %y", "add %x, %x"))
+    eg = bridge.load(m)
+    report = saturate_egraph(eg, mine)
+    assert report.fired.get("twice", 0) >= 1
+    native = eg.native
+    eg.close()
+    eg2 = bridge.load(m)
+    assert eg2.native is native
+    matches, _ = _matches(eg2.run("(run-schedule (run rewrite))"))
+    assert "twice" not in matches  # the rule went with the module it was added for
+    eg2.close()
+
+
+def test_kept_rule_sets_are_bounded():
+    m = eqsat.parse(B)
+    for i in range(egraph_pool.KEEP_RULE_SETS + 3):
+        rules = parse_rules(f"rule r{i}: mul(?x, ?x) => mul(?x, ?x)")
+        eg, _ = saturate(m, rules)
+        eg.close()
+    assert len(egraph_pool._kept) <= egraph_pool.KEEP_RULE_SETS
