@@ -37,7 +37,8 @@ def _numpy_defaults(name: str, **given: Any) -> None:
             raise trace_error(f"{name}({key}=...) cannot be traced: {_NUMPY_KEYWORDS[key]}")
 
 
-# numpy ufuncs a Tracer answers (np.exp(x) while tracing); filled by dsl_numpy.
+# numpy ufuncs a Tracer answers (np.exp(x) while tracing), by name; filled by dsl_numpy and
+# dsl_ufuncs.
 UFUNC_HANDLERS: dict[str, Callable[..., Tracer]] = {}
 # numpy's other functions a Tracer answers (np.where(c, x, y)), by the function; filled by
 # dsl_protocol
