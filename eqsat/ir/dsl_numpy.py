@@ -123,7 +123,8 @@ UFUNC_HANDLERS.update(ELEMENTWISE_FUNCTIONS)
 UFUNC_HANDLERS.update(absolute=ELEMENTWISE_FUNCTIONS["abs"], divide=divide,
                       floor_divide=floor_divide, matmul=matmul)
 
-from . import dsl_protocol, dsl_ufuncs  # noqa: E402,F401  (numpy's functions on traced values)
+# numpy's functions and ufuncs on traced values
+from . import dsl_composites, dsl_protocol, dsl_ufuncs  # noqa: E402,F401
 
 __all__ = sorted([*ELEMENTWISE_FUNCTIONS, "broadcast_to", "cast", "concatenate", "divide",
                   "floor_divide", "matmul", "max", "mean", "min", "reshape", "sum", "transpose",
