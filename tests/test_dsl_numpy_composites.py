@@ -131,7 +131,7 @@ def test_gradients_of_composites_match_central_differences(name):
 
 def test_gradients_at_zero_and_where_exp_overflows_are_numbers():
     """Where a select keeps x itself (0, tiny) or the formula's exp overflows, the branch it
-    drops must not make the gradient NaN (AD differentiates both branches)."""
+    drops must not make the gradient NaN (AD differentiates both branches); compiled too."""
     x = np.array([0.0, -0.0, 1e-300, 2.5, -2.5, 800.0, -800.0])
     want = {"log1p": [1, 1, 1, 1 / 3.5, -2 / 3, 1 / 801, -1 / 799],
             "expm1": np.exp(np.minimum(x, 709)), "sinh": np.cosh(np.minimum(np.abs(x), 709)),
@@ -145,7 +145,9 @@ def test_gradients_at_zero_and_where_exp_overflows_are_numbers():
 
         g = eqsat.grad(function(npc_loss))
         with np.errstate(all="ignore"):
-            np.testing.assert_allclose(g(x), expected, rtol=1e-12, atol=1e-290, err_msg=name)
+            for path, got in [("interpret", g(x)), ("compile", eqsat.compile(g)(g, x))]:
+                np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-290,
+                                           err_msg=f"{name} ({path})")
 
 
 def test_gradients_at_ties_are_shared():
@@ -153,6 +155,7 @@ def test_gradients_at_ties_are_shared():
         return np.sum(np.logaddexp(x, y) + np.logaddexp2(x, y) + np.hypot(x, y))
 
     a = np.array([0.0, 1.5, -3.0])
-    gx, gy = eqsat.grad(function(npc_loss), wrt=("x", "y"))(a, a)
+    value, gx, gy = eqsat.value_and_grad(function(npc_loss), wrt=("x", "y"))(a, a)
+    np.testing.assert_allclose(value, npc_loss(a, a), rtol=1e-15)
     np.testing.assert_allclose(gx, [1.0, 1.0 + 2 ** -0.5, 1.0 - 2 ** -0.5], rtol=1e-12)
     np.testing.assert_array_equal(gx, gy)
