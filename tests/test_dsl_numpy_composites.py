@@ -1,15 +1,17 @@
 """numpy's ufuncs that trace as composites of IR ops (np.log1p expm1 sinh cosh logaddexp
 logaddexp2 hypot fmax fmin floor ceil trunc isnan isinf isfinite): numpy's dtypes, numpy's
 values within a few ulp over the whole range (0, -0.0, subnormal, huge, inf, NaN) through the
-interpreter and through compiled (optimized) code, and gradients that match central
-differences."""
+interpreter, through compiled (optimized) code and through the CUDA backend's kernels on the
+CPU emulator, and gradients that match central differences."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from ad_helpers import check_vjp
+from cuda_helpers import NEEDS_EMULATOR
 from dsl_helpers import run
+from gpu_emulator import EmulatedCuda
 from math_helpers import ulp_distance
 
 import eqsat
@@ -53,21 +55,18 @@ def _distance(name: str, got: np.ndarray, want: np.ndarray) -> np.ndarray:
     return d
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_composites_give_numpys_values_over_the_whole_range(dtype):
-    rng = np.random.default_rng(3)
-    x = _wide(dtype, rng)
-    y = rng.permutation(x)
-    t = eqsat.DType.of(np.dtype(dtype))[x.size]
+def _all_composites(dtype, size: int):
+    """A traced function of x and y returning every composite, in the order of UNARY + BINARY."""
+    t = eqsat.DType.of(np.dtype(dtype))[size]
 
     def npc_model(x, y):
         return (*(getattr(np, k)(x) for k in UNARY), *(getattr(np, k)(x, y) for k in BINARY))
 
     npc_model.__annotations__ = {"x": t, "y": t}
-    f = function(npc_model)
-    with np.errstate(all="ignore"):
-        want = npc_model(x, y)
-        results = {"interpret": run(f, x, y), "compile": eqsat.compile(Module(f))(f.name, x, y)}
+    return npc_model, function(npc_model)
+
+
+def _assert_numpys_values(dtype, x, want, results) -> None:
     for path, got in results.items():
         for name, g, w in zip(UNARY + BINARY, got, want):
             where = f"{name} ({path}, {np.dtype(dtype).name})"
@@ -80,6 +79,31 @@ def test_composites_give_numpys_values_over_the_whole_range(dtype):
             signed = ~np.isnan(w) & ((w != 0) | (name not in ("fmax", "fmin")))  # zero ties
             np.testing.assert_array_equal(np.signbit(g)[signed], np.signbit(w)[signed],
                                           err_msg=where)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_composites_give_numpys_values_over_the_whole_range(dtype):
+    rng = np.random.default_rng(3)
+    x = _wide(dtype, rng)
+    y = rng.permutation(x)
+    model, f = _all_composites(dtype, x.size)
+    with np.errstate(all="ignore"):
+        want = model(x, y)
+        results = {"interpret": run(f, x, y), "compile": eqsat.compile(Module(f))(f.name, x, y)}
+    _assert_numpys_values(dtype, x, want, results)
+
+
+@NEEDS_EMULATOR
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_composites_on_the_emulated_gpu_give_numpys_values(dtype):
+    rng = np.random.default_rng(5)
+    x = _wide(dtype, rng)
+    x = np.concatenate([rng.choice(x[:-30], 226), x[-30:]])  # the emulator runs a thread each
+    y = rng.permutation(x)
+    model, f = _all_composites(dtype, x.size)
+    with np.errstate(all="ignore"):  # the optimized program is compile's, above
+        _assert_numpys_values(dtype, x, model(x, y),
+                              {"cuda": EmulatedCuda(Module(f))(f.name, x, y)})
 
 
 def test_integer_and_bool_operands_take_numpys_dtypes():
