@@ -131,6 +131,19 @@ def test_a_worker_still_starting_is_not_waited_for(monkeypatch):
         compile_workers.stop()
 
 
+def test_workers_that_cannot_start_are_not_started_again(monkeypatch):
+    """A worker that dies before it is ready (here: its Python cannot import eqsat) leaves
+    this process compiling alone, without a new process at every compile."""
+    monkeypatch.setattr(compile_workers, "_broken", False)
+    compile_workers.stop()
+    monkeypatch.setattr(compile_workers._Worker, "COMMAND", "import sys; sys.exit(3)")
+    compile_workers.start(1)
+    compile_workers._workers[0].proc.wait()
+    compile_workers.start(1)
+    assert compile_workers._workers == [] and compile_workers._broken
+    assert len(jit.unpack_objects(_object(_program("mlp.eqir")))) == 1
+
+
 def test_a_worker_failing_mid_compile_leaves_its_part_to_this_process(workers, monkeypatch):
     """A worker that exits while it has a part (here: it is killed as the request goes out)
     costs nothing but time: the part is compiled here and the program runs."""

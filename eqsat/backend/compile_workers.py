@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -35,6 +36,7 @@ _READY = b"R"  # what a worker writes once it can take requests
 
 _workers: list[_Worker] = []
 _lock = threading.Lock()
+_broken = False  # a worker could not start: this process compiles alone
 
 
 class WorkerError(Exception):
@@ -44,12 +46,14 @@ class WorkerError(Exception):
 class _Worker:
     """One worker process and its pipes; used by one compile at a time."""
 
+    COMMAND = "from eqsat.backend.compile_workers import serve; serve()"
+
     def __init__(self) -> None:
         package_root = str(Path(__file__).resolve().parent.parent.parent)
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", "from eqsat.backend.compile_workers import serve; serve()"],
+            [sys.executable, "-c", self.COMMAND],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
             bufsize=0)  # unbuffered: a forked child can drop the pipes without flushing
         self.busy = threading.Lock()
@@ -111,14 +115,18 @@ def _read(pipe: Any, size: int) -> bytes:
 def start(count: int | None = None) -> None:
     """Have `count` workers running (default: EQSAT_COMPILE_WORKERS or the usable cores less
     one, at most 3), starting those missing; returns without waiting for them to be ready."""
+    global _broken
     want = compile_workers() if count is None else count
     with _lock:
+        # one that died before it was ready cannot start here (it could not import eqsat, say):
+        # its successors would fail alike, so none is started again
+        _broken = _broken or any(not w.ready and not w.alive() for w in _workers)
         _workers[:] = [w for w in _workers if w.alive()]
-        while len(_workers) < want:
+        while not _broken and len(_workers) < want:
             try:
                 _workers.append(_Worker())
-            except OSError:  # no process to be had: compile here
-                return
+            except Exception:  # no process to be had: compile here
+                _broken = True
 
 
 def stop() -> None:
@@ -178,6 +186,9 @@ def compile_objects(text: str) -> bytes:
 
 def serve() -> None:
     """A worker's loop: compile each request on stdin, answer on stdout, until stdin closes."""
+    # an interrupt (Ctrl-C reaches the whole process group) is the parent's to handle; a
+    # worker ends when the parent closes its stdin
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     jit.target_machine()
     out.write(_READY)
