@@ -56,8 +56,10 @@ def workers(monkeypatch):
 
 @pytest.mark.parametrize("parts", [2, 3])
 def test_parts_define_each_function_once_and_compile(parts):
-    """Every cluster's function is defined in one part, a helper in each part that calls it;
-    what one part calls of another is external there and declared here; each part verifies."""
+    """Every external function and every kernel the pool runs is defined in one part; internal
+    helpers and kernels called directly are copied into each part that calls them (LLVM
+    specializes them on their callers' constant extents); only thread tasks become external
+    for a caller in another part; each part verifies."""
     text, _ = cpu.lower(_program("mlp.eqir"))
     pieces = llvm_split.split(text, parts)
     assert len(pieces) == parts
@@ -65,14 +67,30 @@ def test_parts_define_each_function_once_and_compile(parts):
     seen: dict[str, int] = {}
     for piece in pieces:
         jit.optimize(piece)  # parses and verifies
-        for name in _defined(piece):
+        for name, internal in _defined(piece).items():
             seen[name] = seen.get(name, 0) + 1
+            if whole[name] and not internal:
+                assert name.endswith(".thread"), name
     assert set(seen) == set(whole)
     for name, count in seen.items():
-        helper = whole[name] and not re.match(r"k\d+(\.|$)|eqsat\.fn\.", name)
-        assert count == 1 or helper, name
-    entries = [n for n, internal in whole.items() if not internal]
-    assert all(seen[e] == 1 for e in entries)
+        assert count == 1 or whole[name], name
+    threaded = [n for n in whole if n.endswith(".thread")]
+    assert threaded and all(seen[n] == 1 for n in threaded)
+
+
+def test_kernels_called_directly_stay_internal_and_specialized():
+    """A long chain of small ops: every kernel is called directly with constant extents, so
+    each part that calls one has its own internal copy, and the entries are what is divided."""
+    from large_programs import long_chain
+
+    text, _ = cpu.lower(eqsat.differentiate(eqsat.parse(long_chain(200))))
+    pieces = llvm_split.split(text, 2)
+    assert len(pieces) == 2
+    for piece in pieces:
+        defined = _defined(piece)
+        assert all(internal for n, internal in defined.items() if re.match(r"k\d+\.", n))
+        assert sum(n.startswith("eqsat.fn.") and not internal
+                   for n, internal in defined.items()) == 1
 
 
 def test_small_modules_stay_whole():

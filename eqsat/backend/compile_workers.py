@@ -64,7 +64,8 @@ class _Worker:
 
     def usable(self) -> bool:
         """Alive and done starting (it says so with one byte): a part sent to a worker still
-        importing would wait for it, where this process might have compiled it already."""
+        importing would wait for it, where this process might have compiled it already.
+        Called with `busy` held."""
         if not self.ready and self.alive():
             try:
                 readable, _, _ = select.select([self.proc.stdout], [], [], 0)
@@ -140,8 +141,14 @@ def stop() -> None:
 def compile_objects(text: str) -> bytes:
     """The object code of LLVM IR text (packed as `jit.pack_objects`): compiled in parts, in
     parallel, where workers are running and the module is large enough to pay; else here."""
+    idle = []
     with _lock:
-        idle = [w for w in _workers if w.usable() and w.busy.acquire(blocking=False)]
+        for w in _workers:  # only the holder of `busy` reads a worker's pipe
+            if w.busy.acquire(blocking=False):
+                if w.usable():
+                    idle.append(w)
+                else:
+                    w.busy.release()
     try:
         parts = llvm_split.split(text, len(idle) + 1, MIN_LINES) if idle else [text]
     except BaseException:

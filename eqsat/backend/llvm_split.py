@@ -71,6 +71,24 @@ def _cluster(name: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _called_directly(functions: dict[str, _Function]) -> set[str]:
+    """The kernels that are called other than through their thread task. LLVM specializes an
+    internal kernel on the constant extent its callers pass (a loop over 4 elements becomes 4
+    statements); made external for a caller in another part, one lost that and compiled to
+    several times the code (a long chain of small ops: a part took 1.35x the whole module's
+    time). Such kernels are copied into each part that calls them, as helpers are; those the
+    pool runs (by their `.thread` task, extents read at run time) are placed like any
+    cluster."""
+    out = set()
+    for caller, fn in functions.items():
+        for callee in fn.calls:
+            c = _cluster(callee) if callee in functions else None
+            if c is not None and c.startswith("k") and c != _cluster(caller) \
+                    and not callee.endswith(".thread"):
+                out.add(c)
+    return out
+
+
 def _declaration(fn: _Function) -> str:
     head = fn.lines[0].rstrip().removesuffix("{").rstrip()
     return "declare " + head.removeprefix("define ").removeprefix("internal ")
@@ -81,17 +99,26 @@ def split(text: str, parts: int, min_lines: int = 0) -> list[str]:
     defines (one part, the text itself, when it is smaller than `min_lines` lines of function
     bodies or has fewer clusters than parts)."""
     other, functions = _parse(text)
+    by_cluster: dict[str | None, list[str]] = {}
+    for name in functions:
+        by_cluster.setdefault(_cluster(name), []).append(name)
+    direct = _called_directly(functions)
     clusters: dict[str, list[str]] = {}
-    shared: dict[str, _Function] = {}
-    for name, fn in functions.items():
-        c = _cluster(name)
-        if c is None and fn.internal:
-            shared[name] = fn
+    shared: dict[str, _Function] = {}  # internal, copied into each part that reaches them
+    for c, names in by_cluster.items():
+        if c is None:  # helpers: copied if internal, else placed as a cluster of their own
+            for n in names:
+                if functions[n].internal:
+                    shared[n] = functions[n]
+                else:
+                    clusters[n] = [n]
+        elif c in direct and all(functions[n].internal for n in names):
+            shared.update((n, functions[n]) for n in names)
         else:
-            clusters.setdefault(c or name, []).append(name)
+            clusters[c] = names
 
     def reach(names: list[str]) -> set[str]:
-        """The shared helpers `names` call, directly or through other helpers."""
+        """The shared functions `names` call, directly or through other shared ones."""
         seen: set[str] = set()
         todo = [c for n in names for c in functions[n].calls if c in shared]
         while todo:
@@ -108,14 +135,14 @@ def split(text: str, parts: int, min_lines: int = 0) -> list[str]:
         return [text]
 
     # equal kernels (up to their names) stay together, where function merging finds them
-    groups: dict[str, list[str]] = {}
+    equal: dict[str, list[str]] = {}
     for c, names in clusters.items():
         body = "\n".join("\n".join(functions[n].lines) for n in names)
         digest = hashlib.sha1(re.sub(rf'@"{re.escape(c)}\b', '@"k', body).encode()).hexdigest()
-        groups.setdefault(digest, []).append(c)
+        equal.setdefault(digest, []).append(c)
     load = [0] * parts
     owner: dict[str, int] = {}
-    for members in sorted(groups.values(), key=lambda g: (-weight[g[0]], g[0])):
+    for members in sorted(equal.values(), key=lambda g: (-weight[g[0]], g[0])):
         p = load.index(min(load))
         load[p] += weight[members[0]]
         for c in members:
