@@ -231,3 +231,59 @@ def test_numpy_functions_leave_foreign_array_types_their_turn():
     assert got == {"concatenate": "duck", "where": "duck array"}
     want = np.where(X > 0, np.float32(2), X) + np.clip(X, np.float32(-0.5), 1.0)
     np.testing.assert_array_equal(run(f, X), want)
+
+
+class UfuncDuck:
+    """A foreign duck array with its own __array_ufunc__ (NEP 13): np.add only, and the
+    reflected + and the comparison > as operators."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        return "duck add" if ufunc is np.add else NotImplemented
+
+    def __radd__(self, other):
+        return "duck radd"
+
+    def __gt__(self, other):
+        return "duck gt"
+
+
+class NoUfuncs:
+    """A type that refuses numpy's ufuncs (`__array_ufunc__ = None`) but has a reflected *."""
+
+    __array_ufunc__ = None
+
+    def __rmul__(self, other):
+        return "no-ufuncs rmul"
+
+
+def test_ufuncs_and_operators_leave_foreign_types_their_turn():
+    """Tracer's __array_ufunc__ and operators raised eqsat's TraceError ("cannot combine
+    f32[3,4] with a UfuncDuck") for a foreign type with its own __array_ufunc__, which never got
+    its turn. NEP 13: the ufunc returns NotImplemented (numpy raises TypeError if nobody takes
+    the call) and the operators too (Python asks the reflected operator). Types without the
+    protocol and numpy's arrays are traced or refused as before."""
+    got = {}
+
+    def npf_model(x: f32[3, 4]):
+        got["np.add"], got["np.add reflected"] = np.add(x, UfuncDuck()), np.add(UfuncDuck(), x)
+        got["out"] = np.add(x, x, out=(UfuncDuck(),))
+        got["+"], got["<"] = x + UfuncDuck(), x < UfuncDuck()
+        got["*"] = x * NoUfuncs()
+        for call in (lambda: np.multiply(x, UfuncDuck()), lambda: np.add(x, NoUfuncs()),
+                     lambda: x - UfuncDuck(), lambda: UfuncDuck() + x,
+                     lambda: x ** UfuncDuck(), lambda: x % UfuncDuck(), lambda: x @ NoUfuncs()):
+            with pytest.raises(TypeError) as err:
+                call()
+            assert not isinstance(err.value, TraceError), err.value
+        with pytest.raises(TraceError, match="cannot combine f32\\[3,4\\] with a Duck"):
+            np.add(x, Duck())  # NEP 18's duck has no __array_ufunc__ of its own
+        with pytest.raises(TraceError, match="cannot combine f32\\[3,4\\] with a str"):
+            x + "2"
+        with pytest.raises(TraceError, match="arrays are not captured as constants"):
+            x + np.ma.zeros((3, 4), np.float32)
+        return x + 1.0
+
+    f = function(npf_model)
+    assert got == {"np.add": "duck add", "np.add reflected": "duck add", "out": "duck add",
+                   "+": "duck radd", "<": "duck gt", "*": "no-ufuncs rmul"}
+    np.testing.assert_array_equal(run(f, X), X + 1)

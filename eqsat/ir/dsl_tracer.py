@@ -167,6 +167,10 @@ class Tracer:
                           f"eqsat's functions of the same name (eqsat.exp, eqsat.sum, ...)")
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        # NEP 13: an operand (or `out`) of a type with its own protocol handles the call, or
+        # numpy raises its TypeError; numpy's arrays and scalars meet traced values here.
+        if any(_foreign(type(v), "__array_ufunc__") for v in (*inputs, *kwargs.get("out", ()))):
+            return NotImplemented
         handler = UFUNC_HANDLERS.get(ufunc.__name__)
         if method != "__call__" or kwargs or handler is None:
             raise trace_error(f"numpy's {ufunc.__name__} ({method}) cannot run on traced "
@@ -181,8 +185,7 @@ class Tracer:
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         # NEP 18: a type among the arguments that has its own protocol (a foreign duck array)
         # gets its turn; numpy's arrays, with ndarray's protocol, meet traced values here.
-        if not all(issubclass(t, Tracer) or getattr(t, "__array_function__", None)
-                   is _NDARRAY_FUNCTION for t in types):
+        if any(_foreign(t, "__array_function__") for t in types):
             return NotImplemented
         handler = FUNCTION_HANDLERS.get(func)
         if handler is None:
@@ -193,7 +196,25 @@ class Tracer:
         return handler(*args, **kwargs)
 
 
-_NDARRAY_FUNCTION = np.ndarray.__array_function__
+def _foreign(t: type, protocol: str) -> bool:
+    """Whether values of type `t` implement numpy's `protocol` (`__array_ufunc__`, NEP 13, or
+    `__array_function__`, NEP 18) themselves, as a foreign duck array does (dask's, xarray's,
+    or one that sets it to None to refuse numpy): Tracer then leaves the operation to them. A
+    type without the protocol (Python's scalars, a list) and ndarray with its subclasses that
+    keep ndarray's protocol are not foreign: eqsat traces or refuses what they meet."""
+    own = getattr(t, protocol, _ABSENT)
+    return own is not _ABSENT and own is not getattr(np.ndarray, protocol) \
+        and not issubclass(t, Tracer)
+
+
+def _defers(other: Any) -> bool:
+    """Whether a binary operator defers to `other` (returns NotImplemented, so that Python
+    asks its reflected operator), as ndarray's operators do for a type with its own
+    `__array_ufunc__` (NEP 13)."""
+    return type(other) is not Tracer and _foreign(type(other), "__array_ufunc__")
+
+
+_ABSENT = object()
 _COMPARISON_UFUNCS = frozenset({np.less, np.less_equal, np.greater, np.greater_equal, np.equal,
                                 np.not_equal})
 
@@ -216,11 +237,11 @@ def _unary_method(op: str) -> Callable[[Tracer], Tracer]:
 
 
 def _forward(fn: Callable[[Any, Any], Tracer]) -> Callable[[Tracer, Any], Tracer]:
-    return lambda self, other: fn(self, other)
+    return lambda self, other: NotImplemented if _defers(other) else fn(self, other)
 
 
 def _reflected(fn: Callable[[Any, Any], Tracer]) -> Callable[[Tracer, Any], Tracer]:
-    return lambda self, other: fn(other, self)
+    return lambda self, other: NotImplemented if _defers(other) else fn(other, self)
 
 
 # Python's operator dunders: `x + 2` and `2 + x` alike. Comparisons need no reflected twins
@@ -240,6 +261,8 @@ for _op in ("neg", "abs"):
 
 
 def _pow(self: Tracer, other: Any, modulo: Any = None) -> Tracer:
+    if _defers(other):
+        return NotImplemented
     if modulo is not None:
         raise trace_error("pow(x, y, mod) with a modulus cannot be traced; eqsat has no "
                           "modulo op")
@@ -260,7 +283,9 @@ Tracer.__pow__ = _pow  # type: ignore[method-assign]
 
 
 def _unsupported(symbol: str) -> Callable[..., Any]:
-    def refuse(self: Tracer, *_: Any) -> Any:
+    def refuse(self: Tracer, *other: Any) -> Any:
+        if other and _defers(other[0]):
+            return NotImplemented
         raise trace_error(f"{symbol} is not supported on traced values (eqsat's operators are "
                           f"+ - * / // @ **, unary -, abs and comparisons; use eqsat.where "
                           f"for masks)")
