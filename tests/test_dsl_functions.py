@@ -100,10 +100,17 @@ def test_call_with_only_scalar_arguments_inside_a_trace_is_a_call():
 
     assert f"call @{square.name}(%" in str(user)
     close(run(user, np.ones(3, np.float32)), np.full(3, 9, np.float32))
-    with pytest.raises(Error, match="numpy array"):
+
+    @function
+    def zero_d(x: f32[3]):  # a 0-d array is an argument as the numpy scalar it holds is
+        return x * square(np.full((), 3.0, np.float32)), x * square(np.float32(3.0))
+
+    assert str(zero_d).count(f"call @{square.name}(%") == 2
+    assert str(zero_d).count("const 3.0 : f32[]") == 1  # both arguments are one constant
+    with pytest.raises(Error, match="numpy array of shape \\(1,\\)"):
         @function
         def eager_inside(x: f32[3]):
-            return x * square(np.ones((), np.float32))
+            return x * square(np.ones((1,), np.float32))
 
 
 def test_from_ir_wraps_generated_functions_and_declarations():

@@ -91,6 +91,49 @@ def test_numpy_scalars_promote_as_numpy_does(tdt, sdt):
     check_cases(tdt, sdt(True) if sdt is np.bool_ else sdt(2))
 
 
+@pytest.mark.parametrize("sdt", SCALARS, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("tdt", TRACED, ids=lambda d: np.dtype(d).name)
+def test_zero_d_arrays_trace_as_the_numpy_scalars_they_hold(tdt, sdt):
+    """A 0-d array (np.array(2.0, np.float32)) is strongly typed like a numpy scalar in
+    numpy 2 (NEP 50); operators, ufuncs and eqsat's functions refused it ("cannot combine
+    f32[4] with a numpy array of shape ()") where comparisons took it. Each case gives numpy's
+    values and dtype, and the very IR the numpy scalar of the same dtype gives."""
+    value = np.array(True if sdt is np.bool_ else 2, sdt)
+    check_cases(tdt, value)
+    t = DType.of(np.dtype(tdt))
+    for (label, kind, body, _), (_, _, scalar_body, _) in zip(cases(value), cases(value[()])):
+        if refused(kind, np.result_type(tdt, sdt)):
+            continue
+        assert str(traced_function(body, t)) == str(traced_function(scalar_body, t)), label
+
+
+def test_zero_d_arrays_in_numpy_functions_and_n_d_arrays_still_refused():
+    def body(x: DType.f32[3], n: DType.i32[3]):
+        lo = np.array(-0.5, np.float32)
+        return (np.clip(x, lo, 1.0), x * np.array(2.0, np.float32), n * np.array(2.0),
+                np.where(np.array(True), x, np.array(3, np.int64)), x ** np.array(0.5),
+                np.fmax(x, lo), np.hypot(n, np.array(3, np.int8)),
+                np.array(1.5, np.float32) < x)
+
+    x, n = np.array([-2.0, 0.25, 3.0], np.float32), np.array([1, -2, 3], np.int32)
+    with np.errstate(invalid="ignore"):
+        want = body(x, n)
+    for got, w in zip(run(function(body), x, n), want):
+        assert got.dtype == w.dtype
+        np.testing.assert_allclose(got, w, rtol=2e-7)
+
+    @function
+    def norm(x: DType.f32[2, 3]):
+        return eqsat.layer_norm(x, eps=np.array(1e-5))
+
+    assert norm.signature.results[0] == DType.f32[2, 3]  # as for eps=np.float64(1e-5)
+    with pytest.raises(TraceError, match=r"mul: cannot combine f32\[3\] with a numpy array "
+                                         r"of shape \(1,\) \(arrays are not captured"):
+        @function
+        def g(x: DType.f32[3]):
+            return x * np.ones(1, np.float32)
+
+
 @pytest.mark.parametrize("s", [0.5, 2, True], ids=lambda v: type(v).__name__)
 @pytest.mark.parametrize("tdt", TRACED, ids=lambda d: np.dtype(d).name)
 def test_python_scalars_are_weak_and_change_only_the_kind(tdt, s):

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from .dsl_trace import (active_trace, as_tracer, broadcast_shape, broadcast_to_type, cast_to,
-                        constant, describe, emit, index, lift, literal, promote, trace_error,
-                        true_divide)
+                        constant, describe, emit, index, lift, literal, numpy_scalar, promote,
+                        trace_error, true_divide)
 from .dsl_tracer import Tracer
 from .ops import broadcastable
 from .types import DTYPES, DType, TensorType
@@ -142,6 +142,7 @@ def concatenate(xs: Sequence[Any], axis: int = 0) -> Tracer:
 def where(cond: Any, x: Any, y: Any) -> Tracer:
     """`np.where(cond, x, y)` with broadcasting; `cond` is bool, x or y is a traced value."""
     trace = active_trace("select", [cond, x, y])
+    cond, x, y = map(numpy_scalar, (cond, x, y))
     if isinstance(cond, Tracer) and cond.dtype is not DType.bool:
         raise trace_error(f"select: the condition must be bool, got {cond.type}; compare first, "
                           f"e.g. where(x > 0, x, 0.0)")

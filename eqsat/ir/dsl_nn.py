@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from . import dsl_array
-from .dsl_trace import as_tracer, trace_error, unary
+from .dsl_trace import as_tracer, numpy_scalar, trace_error, unary
 from .dsl_tracer import Tracer
 
 
@@ -59,6 +59,7 @@ def layer_norm(x: Tracer, axis: Any = -1, eps: float = 1e-5, gamma: Tracer | Non
     by `gamma` and shifted by `beta` when given (both broadcast against x). `eps` is taken in
     x's dtype even as a numpy scalar, which in numpy's own arithmetic would promote."""
     x = float_operand(x, "layer_norm")
+    eps = numpy_scalar(eps)
     if isinstance(eps, np.generic):
         eps = eps.item()
     d = x - dsl_array.mean(x, axis, keepdims=True)

@@ -180,8 +180,20 @@ def constant(trace: Trace, value: Scalar, t: TensorType) -> Tracer:
     return trace._consts[key]
 
 
+def numpy_scalar(value: Any) -> Any:
+    """A 0-d numpy array of a numeric dtype as the numpy scalar it holds, as numpy 2 treats it
+    (NEP 50: both are strongly typed; numpy hands a scalar to a ufunc as a 0-d array); any
+    other value as it is (an n-d array stays refused)."""
+    if type(value) is np.ndarray and value.ndim == 0:
+        scalar = value[()]
+        if isinstance(scalar, NUMPY_SCALARS):
+            return scalar
+    return value
+
+
 def literal(value: Any, t: TensorType, what: str) -> Scalar:
     """A Python scalar as a constant of `t`'s dtype; no implicit promotion of the tensor."""
+    value = numpy_scalar(value)
     if isinstance(value, np.generic):
         value = value.item()
     if not isinstance(value, (bool, int, float)):
@@ -260,13 +272,14 @@ def cast_to(x: Tracer, dtype: DType) -> Tracer:
 
 def promote(what: str, values: Sequence[Any]) -> list[Any]:
     """`values` as numpy 2 promotes them (NEP 50): traced values and numpy scalars
-    (np.float64(2), np.sqrt(4)) are strongly typed, so the result dtype is numpy's
-    `result_type` of all their dtypes (f32 with f64 gives f64, f32 with i32 gives f64, i32 with
-    i64 gives i64); the traced values of another dtype are cast to it and the numpy scalars
-    become Python values of it. Python scalars are weak: they change the kind only (an i32
+    (np.float64(2), np.sqrt(4), 0-d arrays) are strongly typed, so the result dtype is
+    numpy's `result_type` of all their dtypes (f32 with f64 gives f64, f32 with i32 gives f64,
+    i32 with i64 gives i64); the traced values of another dtype are cast to it and the numpy
+    scalars become Python values of it. Python scalars are weak: they change the kind only (an i32
     with 0.5 is f64, a bool with 1 is i64) and stay as they are, to take the result dtype in
     `literal`."""
     tracer = _tracer()
+    values = [numpy_scalar(v) for v in values]
     traced = [v for v in values if isinstance(v, tracer)]
     scalars = [v for v in values if isinstance(v, NUMPY_SCALARS)]
     weak = [v for v in values if isinstance(v, (bool, int, float))

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import TracedAttributeError
-from .dsl_trace import (Trace, as_tracer, binary, floor_divide, promote, trace_error, true_divide,
-                        unary)
+from .dsl_trace import (Trace, as_tracer, binary, floor_divide, numpy_scalar, promote, trace_error,
+                        true_divide, unary)
 from .ops import COMPARE
 from .types import DType, TensorType
 
@@ -175,12 +175,9 @@ class Tracer:
         if method != "__call__" or kwargs or handler is None:
             raise trace_error(f"numpy's {ufunc.__name__} ({method}) cannot run on traced "
                               f"values; use eqsat's functions (eqsat.exp, eqsat.maximum, ...)")
-        if ufunc in _COMPARISON_UFUNCS:
-            # a numpy scalar compares as a 0-d array (np.float32(2) < x calls np.less with
-            # array(2.0, dtype=float32)), which numpy 2 promotes as the scalar it came from
-            inputs = tuple(v[()] if isinstance(v, np.ndarray) and v.ndim == 0 else v
-                           for v in inputs)
-        return handler(*inputs)
+        # a numpy scalar comes as a 0-d array (np.float32(2) < x calls np.less with
+        # array(2.0, dtype=float32)), which numpy 2 promotes as the scalar it came from
+        return handler(*map(numpy_scalar, inputs))
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         # NEP 18: a type among the arguments that has its own protocol (a foreign duck array)
@@ -215,8 +212,6 @@ def _defers(other: Any) -> bool:
 
 
 _ABSENT = object()
-_COMPARISON_UFUNCS = frozenset({np.less, np.less_equal, np.greater, np.greater_equal, np.equal,
-                                np.not_equal})
 
 # what to write instead of ndarray attributes a numpy user reaches for first
 _NDARRAY_HINTS = {
@@ -263,6 +258,7 @@ for _op in ("neg", "abs"):
 def _pow(self: Tracer, other: Any, modulo: Any = None) -> Tracer:
     if _defers(other):
         return NotImplemented
+    other = numpy_scalar(other)
     if modulo is not None:
         raise trace_error("pow(x, y, mod) with a modulus cannot be traced; eqsat has no "
                           "modulo op")
