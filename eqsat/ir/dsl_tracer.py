@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import TracedAttributeError
-from .dsl_trace import (Trace, as_tracer, binary, floor_divide, numpy_scalar, promote, trace_error,
-                        true_divide, unary)
+from .dsl_trace import (NUMPY_SCALARS, Trace, as_tracer, binary, cast_to, floor_divide,
+                        numpy_scalar, promote, trace_error, true_divide, unary)
 from .ops import COMPARE
-from .types import DType, TensorType
+from .types import DTYPES, DType, TensorType
 
 # numpy's keywords a traced method accepts only at their defaults, and what to write instead
 _NUMPY_KEYWORDS = {
@@ -172,12 +172,15 @@ class Tracer:
         if any(_foreign(type(v), "__array_ufunc__") for v in (*inputs, *kwargs.get("out", ()))):
             return NotImplemented
         handler = UFUNC_HANDLERS.get(ufunc.__name__)
-        if method != "__call__" or kwargs or handler is None:
+        if method != "__call__" or handler is None:
             raise trace_error(f"numpy's {ufunc.__name__} ({method}) cannot run on traced "
                               f"values; use eqsat's functions (eqsat.exp, eqsat.maximum, ...)")
         # a numpy scalar comes as a 0-d array (np.float32(2) < x calls np.less with
         # array(2.0, dtype=float32)), which numpy 2 promotes as the scalar it came from
-        return handler(*map(numpy_scalar, inputs))
+        inputs = tuple(map(numpy_scalar, inputs))
+        if kwargs:
+            inputs = _ufunc_keywords(ufunc, inputs, kwargs)
+        return handler(*inputs)
 
     def __array_function__(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
         # NEP 18: a type among the arguments that has its own protocol (a foreign duck array)
@@ -202,6 +205,66 @@ def _foreign(t: type, protocol: str) -> bool:
     own = getattr(t, protocol, _ABSENT)
     return own is not _ABSENT and own is not getattr(np.ndarray, protocol) \
         and not issubclass(t, Tracer)
+
+
+# numpy's ufunc keywords at values that change nothing a trace computes (every traced value
+# is a new row-major array of its own type), and what to write instead of the others
+_UFUNC_DEFAULTS: dict[str, Callable[[Any], bool]] = {
+    "where": lambda v: v is True or v is np.True_,
+    "order": lambda v: isinstance(v, str) and v.upper() in ("K", "A", "C"),
+    "subok": lambda v: isinstance(v, (bool, np.bool_)),
+}
+_UFUNC_HINTS = {
+    "out": "traced values are never written in place; use the result (y = np.{name}(...))",
+    "where": "compute every element and choose with np.where(mask, result, other)",
+    "order": "traced values are row-major",
+    "signature": "give dtype= instead, or cast the operands with .astype() first",
+}
+
+
+def _ufunc_keywords(ufunc: Any, inputs: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[Any, ...]:
+    """The operands of `ufunc(*inputs, **kwargs)` as numpy's loop takes them: `dtype=` and
+    `casting=` choose the loop as numpy does, with numpy's error where it has none, and the
+    operands are cast to its dtypes; any other keyword is refused by name at the user's line
+    unless it is at a value that changes nothing here."""
+    name = ufunc.__name__
+    for key, value in kwargs.items():
+        moot = _UFUNC_DEFAULTS.get(key)
+        if key not in ("dtype", "casting") and not (moot and moot(value)):
+            hint = _UFUNC_HINTS.get(key, "only its default can be traced").format(name=name)
+            raise trace_error(f"numpy's {name}({key}=...) cannot be traced: {hint}")
+    dtype, casting = kwargs.get("dtype"), kwargs.get("casting", "same_kind")
+    if dtype is None and casting == "same_kind":
+        return inputs
+    if not all(isinstance(v, (Tracer, bool, int, float, *NUMPY_SCALARS)) for v in inputs):
+        return inputs  # the handler refuses the operand, as it does without keywords
+    shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items() if k in ("dtype", "casting"))
+    if isinstance(dtype, DType):
+        dtype = dtype.np
+    stand_ins = [np.empty(0, v.dtype.np) if isinstance(v, Tracer) else v for v in inputs]
+    try:
+        # numpy's own call on empty stand-ins says whether these keywords are allowed (its
+        # rules for Python scalars under casting="no" or "equiv" are its own, and its
+        # resolve_dtypes crashes on them there); the loop's input dtypes then come from
+        # resolve_dtypes under "unsafe", which only validates casts and chooses the same loop
+        with np.errstate(all="ignore"):
+            result = ufunc(*stand_ins, dtype=dtype, casting=casting)
+        given = tuple(v.dtype if isinstance(v, (np.ndarray, *NUMPY_SCALARS))
+                      else np.dtype(bool) if isinstance(v, bool) else type(v) for v in stand_ins)
+        loop = ufunc.resolve_dtypes((*given, *(None,) * ufunc.nout), casting="unsafe",
+                                    signature=(None,) * ufunc.nin + (result.dtype,))
+    except (TypeError, ValueError, OverflowError) as e:
+        raise trace_error(f"numpy's {name}({shown}) cannot be traced: {e}") from None
+    try:
+        dtypes = [DType.of(d) for d in loop]
+    except KeyError:
+        raise trace_error(f"numpy's {name}({shown}) computes in "
+                          f"{' and '.join(map(str, dict.fromkeys(loop)))}, which eqsat lacks "
+                          f"({', '.join(DTYPES)})") from None
+    with np.errstate(over="ignore"):  # as numpy's cast of a scalar into its loop
+        return tuple(cast_to(v, d) if isinstance(v, Tracer) else d.np.type(v)
+                     for v, d in zip(inputs, dtypes))
 
 
 def _defers(other: Any) -> bool:
