@@ -132,6 +132,32 @@ def test_a_function_outlives_its_executable() -> None:
                    want, ulps=0)
 
 
+def test_a_function_is_named_and_documented_as_the_ir_function() -> None:
+    """exe.f had no __name__ (functools.wraps, logging and tracebacks of a pool.map(exe.f, ...)
+    failed or said nothing) and its __doc__ was its class's; it is named as the IR function,
+    a renamed one as it is in the module, and its doc states the signature."""
+    def layers(scale: float) -> eqsat.TracedFunction:
+        @eqsat.function
+        def layer(x: eqsat.f32[2, 3], k: eqsat.f32[()]):
+            return x * k * scale, x.sum(axis=1)
+
+        return layer
+
+    exe = compile_module(eqsat.Module(layers(1.0), layers(2.0)), cache_dir=None)
+    assert exe.functions == ("layer", "layer_2")
+    for name in exe.functions:
+        f = getattr(exe, name)
+        assert f.__name__ == f.__qualname__ == f.func.name == name
+        assert f.__doc__.startswith(f"{name}(x: f32[2,3], k: f32[]) -> (f32[2,3], f32[2])\n")
+        assert f"@{name} of module @main" in f.__doc__ and "a tuple of 2 arrays" in f.__doc__
+        again = pickle.loads(pickle.dumps(f))
+        assert (again.__name__, again.__doc__) == (f.__name__, f.__doc__)
+    one = compile_module(parse("module @m\nfunc @g(%a: i32[4]) -> i32[4] {\n  return %a\n}"),
+                         cache_dir=None).g
+    assert one.__doc__.startswith("g(a: i32[4]) -> i32[4]\n")
+    assert "returns one array" in one.__doc__ and "for the cpu target" in one.__doc__
+
+
 def test_small_calls_from_many_threads_get_their_own_results() -> None:
     """Each call packs its own pointer arrays and each thread has its own scratch arena: calls
     that release the GIL at once never see another call's inputs, outputs or intermediates."""

@@ -181,6 +181,20 @@ def test_exe_f_is_one_prepared_function_as_on_the_cpu(fake_driver):
         assert repr(pickle.loads(pickle.dumps(f))) == repr(f)
 
 
+def test_exe_f_is_named_and_documented_as_the_ir_function_on_both_targets(fake_driver):
+    """exe.f had no __name__ and the docstring of its class, on the GPU as on the CPU."""
+    _, m = _scale_module()
+    cpu = eqsat.backend.compile_module(m, cache_dir=None)
+    gpu = cuda_runtime.CudaExecutable(m, cuda.build(m))
+    for exe, target in ((cpu, "cpu"), (gpu, "cuda")):
+        f = exe.scale
+        assert f.__name__ == f.__qualname__ == "scale"
+        assert f.__doc__.startswith("scale(x: f32[2,3], k: f32[]) -> f32[2,3]\n")
+        assert f"compiled by eqsat for the {target} target" in f.__doc__
+        again = pickle.loads(pickle.dumps(f))
+        assert (repr(again), again.__name__, again.__doc__) == (repr(f), "scale", f.__doc__)
+
+
 def test_a_traced_function_is_resolved_once_as_on_the_cpu(fake_driver, monkeypatch):
     """exe(f, ...) compared f's IR with the module's at every call on the GPU."""
     scale, m = _scale_module()

@@ -217,6 +217,8 @@ class _Loaded:
 class _GpuFunction(CompiledFunction):
     """One function of a loaded module, called on numpy or device arrays: what `exe.f` is."""
 
+    target = "cuda"
+
     def __init__(self, plan: GpuPlan, loaded: _Loaded, module: Module, arch: str):
         super().__init__(plan.func, module)
         self.plan = plan

@@ -30,15 +30,33 @@ class CompiledFunction:
     one result as an array, several as a tuple) and `__reduce__` (pickled as its module and
     name, compiled again where it is loaded, as the executable is); it holds what its calls
     need, not the executable, so no reference cycle keeps compiled code or device memory
-    alive after both are dropped.
+    alive after both are dropped. It is named as the IR function (`__name__`, `__qualname__`)
+    and its `__doc__` states the signature, for help(), tracebacks and logs.
     """
+
+    target = ""  # the target's name, as eqsat.compile takes it
 
     def __init__(self, func: Function, module: Module):
         self.func = func
         self._module = module
+        self.__name__ = self.__qualname__ = func.name
+        self.__doc__ = signature_doc(func, module, self.target)
 
     def __repr__(self) -> str:
         return f"<eqsat compiled function @{self.func.name} of @{self._module.name}>"
+
+
+def signature_doc(func: Function, module: Module, target: str) -> str:
+    """What `help(exe.f)` says: the signature with the parameters' names and types and the
+    result types, then how to call it."""
+    params = ", ".join(f"{p.name}: {p.type}" for p in func.params)
+    types = [str(t) for t in func.result_types]
+    results = types[0] if len(types) == 1 else f"({', '.join(types)})"
+    returns = "one array" if len(types) == 1 else f"a tuple of {len(types)} arrays"
+    on = f" for the {target} target" if target else ""
+    return (f"{func.name}({params}) -> {results}\n\nThe function @{func.name} of module "
+            f"@{module.name}, compiled by eqsat{on}: call it on numpy arrays of these types, "
+            f"in order or by parameter name; it returns {returns}.")
 
 
 class BaseExecutable:

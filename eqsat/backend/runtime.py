@@ -50,6 +50,8 @@ class _Entry(CompiledFunction):
     so no reference cycle keeps the code alive after both are gone.
     """
 
+    target = "cpu"
+
     def __init__(self, func: Function, arena_bytes: int, address: int, code: Code,
                  local: threading.local, align: int, module: Module):
         super().__init__(func, module)
