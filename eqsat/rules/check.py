@@ -26,7 +26,7 @@ from ..ir.interpreter import interpret_function
 from ..ir.module import Function
 from ..ir.printer import format_stmt
 from ..ir.verifier import verify
-from .check_draw import IllTyped, Instance, Reject, Undrawable, instantiate
+from .check_draw import IllTyped, Instance, Reject, Undrawable, instantiate, too_large
 from .lang import Rule, RuleSet
 
 _ATTEMPTS = 300
@@ -130,6 +130,10 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True,
         raise Error(f"check_rule takes a Rule, not {type(rule).__name__}")
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise Error(f"check: examples must be a whole number >= 1, got {examples!r}")
+    big = too_large(rule)
+    if big:
+        raise CheckError(f"rule {rule.name}: {big}; check an instance of the rule on smaller "
+                         f"shapes")
     # here, not at module level: hypothesis costs ~0.1 s to import, and `import eqsat.rules`
     # (every optimize) must not pay it
     from hypothesis import HealthCheck, Phase, given, settings

@@ -59,14 +59,20 @@ def _random_shape(rng: random.Random, rank: int, big: tuple[int, ...] = ()
 def _sizes(rule: Rule) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Dims and ranks beyond the usual draws that `rule` asks for: around the integers its
     conditions compare with (`dim(?a, 0) >= 64`, `rank(?x) == 5`), and the ranks its literal
-    int lists imply (`perm=[0,1,2,3,4]`)."""
+    int lists imply (`perm=[0,1,2,3,4]`), and the dims and ranks of the int lists they compare
+    with (`shape(?x) == [64, 64]`, `?p == [0,1,2,3,4]`)."""
     dims: list[int] = []
     ranks: list[int] = []
+    lists: list[tuple[int, ...]] = []
     for c in rule.conds:
         for fn, i in ((c.left, c.right), (c.right, c.left)):
             if isinstance(fn, Fn) and isinstance(i, int) and not isinstance(i, bool):
                 (ranks if fn.name in ("rank", "len") else dims).append(i)
-    lists: list[tuple[int, ...]] = []
+            if isinstance(i, tuple) and isinstance(fn, Fn) and fn.name == "shape":
+                dims += i
+                ranks.append(len(i))
+            elif isinstance(i, tuple) and isinstance(fn, Var):  # `?p == [0,1,2,3,4]`
+                lists.append(i)
     stack: list[Any] = [rule.lhs, rule.rhs]
     while stack:
         p = stack.pop()
@@ -76,6 +82,32 @@ def _sizes(rule: Rule) -> tuple[tuple[int, ...], tuple[int, ...]]:
     ranks += [len(t) for t in lists] + [max(t) + 1 for t in lists if t]
     big = {d for i in dims if 3 < i <= _MAX_DIM for d in (i, i + 1)}
     return tuple(sorted(big)), tuple(sorted({r for r in ranks if 4 < r <= _MAX_RANK}))
+
+
+def pinned(rule: Rule) -> dict[str, tuple[int, ...]]:
+    """The int lists that `rule`'s conditions fix: `shape(?x) == [4, 4]` fixes ?x's shape,
+    `?p == [1, 0]` the attribute ?p (by variable name; a random draw would rarely meet them)."""
+    out: dict[str, tuple[int, ...]] = {}
+    for c in rule.conds:
+        if c.op != "==":
+            continue
+        for term, lit in ((c.left, c.right), (c.right, c.left)):
+            if isinstance(lit, tuple) and isinstance(term, Var):
+                out[term.name] = lit
+            elif isinstance(lit, tuple) and isinstance(term, Fn) and term.name == "shape":
+                out[term.var.name] = lit
+    return out
+
+
+def too_large(rule: Rule) -> str | None:
+    """Why `check` cannot draw an instance of `rule` whose condition fixes a tensor's shape
+    (more elements than it draws), or None."""
+    for name, shape in pinned(rule).items():
+        if rule.__dict__["sorts"].get(name) == "tensor" and math.prod(shape) > _MAX_ELEMENTS:
+            return (f"its condition fixes ?{name}'s shape to [{','.join(map(str, shape))}] "
+                    f"({math.prod(shape)} elements), and check draws tensors of at most "
+                    f"{_MAX_ELEMENTS}")
+    return None
 
 
 class Instance:
@@ -89,7 +121,11 @@ class Instance:
         self.types: dict[str, TensorType] = {}
         self.attrs: dict[str, Any] = {}
         self.values: dict[str, float] = {}
-        self.shapes: list[tuple[int, ...]] = []
+        self.pins = pinned(rule)
+        # the fixed shapes are drawn for other variables often too (`add(?x, ?y) if shape(?y)
+        # == [4, 4]` needs an ?x that broadcasts with it)
+        self.shapes: list[tuple[int, ...]] = [s for n, s in self.pins.items()
+                                              if self.sorts.get(n) == "tensor"]
         self.dtype = rng.choice((DType.f32, DType.f32, DType.f64))
         self.int_dtype = rng.choice((DType.i32, DType.i64))
         self.body: list[Stmt] = []
@@ -113,7 +149,8 @@ class Instance:
                       else self.int_dtype)
             else:
                 dt = self.int_dtype
-            self.types[v.name] = TensorType(dt, self.shape())
+            self.types[v.name] = TensorType(dt, self.pins[v.name] if v.name in self.pins
+                                         else self.shape())
         return self.types[v.name]
 
     def emit(self, op: str, args: list[str], attrs: dict, t: TensorType) -> str:
@@ -133,7 +170,7 @@ class Instance:
     def attr(self, v: Any, make: Any) -> Any:
         if isinstance(v, Var):
             if v.name not in self.attrs:
-                self.attrs[v.name] = make()
+                self.attrs[v.name] = self.pins[v.name] if v.name in self.pins else make()
             return self.attrs[v.name]
         if isinstance(v, ShapeFn):
             # undefined where egglog's helper finds no value: there the rule does not fire
@@ -180,7 +217,8 @@ class Instance:
                     "bool" if sibling.dtype is DType.bool else
                     ("float" if sibling.dtype.is_float else "int")})
                 if sibling is not None and self.rng.random() < 0.8:
-                    t = self.types[p.name] = sibling
+                    t = self.types[p.name] = sibling.with_shape(self.pins.get(
+                        p.name, sibling.shape))
                 params.append(Param(p.name, t))
                 self.env[p.name] = p.name
             return self.env[p.name]

@@ -217,6 +217,8 @@ class _Compiler:
             return _v(t.name)
         if isinstance(t, str) and t in DTYPES:
             return f'"{t}"'
+        if isinstance(t, tuple):  # a literal int list, `shape(?x) == [4, 4]`
+            return _vec(t)
         return str(int(t))
 
     def cond(self, c: Cond) -> None:

@@ -17,7 +17,8 @@ on the left (`?s`, `?p`) or written (`[1,0]`) by the functions of `SHAPE_FNS`:
 `len(?s)`, the shape numpy's right-aligned broadcasting sees); they nest, and an argument may
 be the shape of a tensor variable: `permute(?s, inverse(?p))`, `lpad(shape(?x), ?s)`.
 Conditions compare `shape(?x)`, `rank(?x)`, `dim(?x, i)`, `size(?x)`, `dtype(?x)`, `len(?p)`,
-integers and dtype names with `== != < <= > >=`, or test `is_float(?x)`.
+integers, literal int lists and dtype names with `== != < <= > >=` (lists and dtypes with
+`==` and `!=` only: `shape(?x) == [4, 4]`, `?p != [1, 0]`), or test `is_float(?x)`.
 
 In Python: `Rule("mul_one", "mul(?x, const(1.0))", "?x")`, or build patterns with
 `op.mul(var("x"), op.const(1.0))` (computed attributes: `shape=shape_fn("permute", var("s"),
@@ -218,12 +219,18 @@ Pattern = Union[Var, Node]
 
 @dataclass(frozen=True)
 class Cond:
-    """`left OP right`, or a predicate `is_float(?x)` (op "is_float", right None)."""
+    """`left OP right`, or a predicate `is_float(?x)` (op "is_float", right None); a side that
+    is a literal int list (`shape(?x) == [4, 4]`) is kept as a tuple."""
 
     op: str
     left: Any
     right: Any = None
     pos: Pos = field(default=(0, 0), compare=False)
+
+    def __post_init__(self) -> None:
+        for side in ("left", "right"):
+            if isinstance(getattr(self, side), list):
+                object.__setattr__(self, side, tuple(getattr(self, side)))
 
     def __str__(self) -> str:
         if self.op == "is_float":
@@ -247,7 +254,7 @@ class Fn:
 
 
 def _term_str(t: Any) -> str:
-    return str(t)
+    return "[" + ",".join(map(str, t)) + "]" if isinstance(t, tuple) else str(t)
 
 
 _RULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")  # the rule text's ident token

@@ -254,7 +254,8 @@ class RuleParser:
         neg = self.accept("-")
         t = self.next()
         if t.kind != "number" or not t.text.isdigit():
-            raise self.error(f"expected an integer, got {t.text!r}", t)
+            got = "end of line" if t.kind in ("nl", "eof") else repr(t.text)
+            raise self.error(f"expected an integer, got {got}", t)
         return -int(t.text) if neg else int(t.text)
 
     # const values: + - * / over literals, ?vars and size(?s)
@@ -348,7 +349,11 @@ class RuleParser:
             return Var(t.text[1:], self.pos(t))
         if t.kind == "number" or t.text == "-":
             return self.integer()
+        if t.text == "[":
+            return self.int_list()
+        got = "end of line" if t.kind in ("nl", "eof") else repr(t.text)
         raise self.error(f"expected a condition term (shape(?x), rank(?x), dim(?x, i), size(?x), "
-                         f"dtype(?x), len(?p), an integer or a dtype), got {t.text!r}")
+                         f"dtype(?x), len(?p), an integer, a list like [4,4] or a dtype), "
+                         f"got {got}")
 
 

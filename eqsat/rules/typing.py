@@ -313,6 +313,10 @@ class _Checker:
                                 c.left)
             return
         left, right = self.cond_sort(c.left), self.cond_sort(c.right)
+        for fn, lit in ((c.left, c.right), (c.right, c.left)):
+            if isinstance(fn, Fn) and fn.name == "shape" and _int_list(lit) and min(
+                    lit, default=0) < 0:
+                raise self.fail(f"{c} can never hold: a shape's dims are >= 0", c)
         if c.op in ("==", "!=") and left != right:
             raise self.fail(f"type error: {c} compares {_A_SORT[left]} with "
                             f"{_A_SORT[right]}", c)
@@ -332,7 +336,15 @@ class _Checker:
                                 f"attribute variable (repeat a tensor variable on the left to "
                                 f"ask for equal values)", t)
             return _VAR_SORT[sort]
-        return "dtype" if isinstance(t, str) else "int"
+        if isinstance(t, str) and t in DTYPES:
+            return "dtype"
+        if isinstance(t, int) and not isinstance(t, bool):
+            return "int"
+        if _int_list(t):
+            return "ints"
+        raise self.fail(f"a condition compares shape(?x), rank(?x), dim(?x, i), size(?x), "
+                        f"dtype(?x), len(?p), ?variables, integers, int lists like [4,4] or "
+                        f"dtype names, not {t!r}", self.rule)
 
 
 # What a condition compares: a term's sort in egglog (i64, IntVec, String)
