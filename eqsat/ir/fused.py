@@ -12,6 +12,8 @@ kernel of their own). Their bodies are scalar expressions (`scalar_expr`):
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
@@ -24,8 +26,9 @@ from .ops import (INT, INTS, OPS, Attrs, OpDef, OpTypeError, _axes, _written, br
                   ops_in, register)
 from .parser import ATTR_PARSERS
 from .printer import ATTR_FORMATTERS
-from .scalar_expr import (App, Arg, Lit, body_args, body_cost, check_body, eval_body, fold,
-                          format_body, lit_value, read_body)
+from .scalar_expr import (MAX_DEPTH, App, Arg, Expr, Lit, body_args, body_cost, body_op_names,
+                          check_body, depth, eval_body, fold, format_body, lit_value,
+                          operand_roles, read_body)
 from .types import DType, TensorType, shape_problem
 
 # Attribute kinds of this module: a scalar body, and the name of a reduction op.
@@ -113,6 +116,74 @@ def body_flops(body: Any, operands: Sequence[TensorType], shape: Sequence[int]) 
     per_element = body_cost(body, varying, dtype)
     per_row = body_cost(body, None, dtype) - per_element
     return per_element * size + (per_row * (size // inner) if inner else 0.0)
+
+
+# Signatures are enumerated over at most this many independently typed groups of inputs.
+MAX_SIGNATURE_GROUPS = 5
+Signature = tuple[tuple[DType | None, ...], DType]
+
+
+@functools.lru_cache(maxsize=1024)
+def body_signatures(body: Expr, n: int) -> tuple[Signature, ...]:
+    """Every assignment of dtypes to the `n` inputs of `body` under which it types (with no
+    expected dtype, as a map_reduce body), and the dtype it then computes; an input the body
+    does not read is None (any dtype). The body's type rule as a finite table, for the e-graph,
+    which cannot run `check_body`. Empty for a malformed body, or one with more than
+    MAX_SIGNATURE_GROUPS groups: the operands of one op (conditions aside) share a dtype in
+    every elementwise op of the table, so inputs are enumerated per such group, and
+    check_body judges each candidate (an op allowing mixed dtypes would lose signatures, so
+    a rule would apply less, never wrongly)."""
+    parent = list(range(n))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    def walk(e: Expr) -> int | None:  # the input whose dtype `e` computes in, if any
+        if isinstance(e, Arg):
+            return e.index
+        if isinstance(e, Lit):
+            return None
+        conds, same = operand_roles(e.op)
+        inputs = [walk(a) for a in e.args]
+        peers = [i for i, c in zip(inputs, conds) if i is not None and not c]
+        for i in peers[1:]:
+            parent[find(i)] = find(peers[0])
+        return peers[0] if same and peers else None
+
+    if depth(body) > MAX_DEPTH or _body_malformed(body, n):
+        return ()
+    walk(body)
+    used = body_args(body)
+    groups = sorted({find(i) for i in used})
+    if len(groups) > MAX_SIGNATURE_GROUPS:
+        return ()
+    out = []
+    for choice in itertools.product(list(DType), repeat=len(groups)):
+        pick = dict(zip(groups, choice))
+        dtypes = [pick[find(i)] if i in used else DType.f32 for i in range(n)]
+        try:
+            result = check_body(body, dtypes)
+        except OpTypeError:
+            continue
+        out.append((tuple(d if i in used else None for i, d in enumerate(dtypes)), result))
+    return tuple(out)
+
+
+def _body_malformed(e: Expr, n: int) -> bool:
+    """Whether `e` applies an op no body may, with the wrong arity, or reads $i >= n."""
+    allowed = body_op_names()
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Arg) and x.index >= n:
+            return True
+        if isinstance(x, App):
+            if x.op not in allowed or len(x.args) != OPS[x.op].arity:
+                return True
+            stack.extend(x.args)
+    return False
 
 
 def _infer_map_reduce(ins: Sequence[TensorType], attrs: Attrs,

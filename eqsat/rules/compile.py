@@ -15,7 +15,9 @@ import json
 import math
 from typing import Any
 
+from ..ir.fused import body_signatures
 from ..ir.ops import INTS, OPS
+from ..ir.scalar_expr import format_body
 from ..ir.types import DTYPES
 from . import schema
 from .bridge import _float, _vec
@@ -237,18 +239,54 @@ def _cons(items: list[str]) -> str:
     return out
 
 
+def _kernels(p: Pattern) -> list[Node]:
+    """The map_reduce nodes of a right-hand side: their dtype is their body's."""
+    if not isinstance(p, Node):
+        return []
+    own = [p] if p.op == "map_reduce" else []
+    return own + [k for a in p.args for k in _kernels(a)]
+
+
+def _kernel_dtypes(rule: Rule) -> list[str]:
+    """Analysis rules typing the map_reduce kernels that `rule` makes, one per signature of
+    each body (`fused.body_signatures`): egglog cannot type a body, so each body's type rule
+    is spelled out as the input dtypes it types on and the dtype it computes there."""
+    out: list[str] = []
+    seen: set[tuple] = set()
+    for k in _kernels(rule.rhs):
+        body, n = k.attr["body"], len(k.args)
+        if (body, n) in seen:
+            continue
+        seen.add((body, n))
+        xs = [f"x{i}" for i in range(n)]
+        node = f"({schema.ctor('map_reduce')} {_cons(xs)} {json.dumps(format_body(body))} rd ax)"
+        for ins, result in body_signatures(body, n):
+            facts = [f'(= (dtype {x}) "{d}")' for x, d in zip(xs, ins) if d is not None]
+            if not result.is_numeric:
+                facts.append('(!= rd "sum")')  # a sum of bools is no map_reduce
+            out.append(f"(rule ((= t {node}) {' '.join(facts)}) ((set (dtype t) \"{result}\")) "
+                       f':ruleset {schema.ANALYSIS} :name "{rule.name}/dtype{len(out)}")')
+    return out
+
+
 def compile_rule(rule: Rule) -> str:
     """The egglog commands for one rule (in the analysis or the rewrite ruleset): the rewrite,
-    preceded by the analysis rules that compute its shape functions' values."""
+    preceded by the analysis rules that compute its shape functions' values and type the
+    kernels it makes. A rule making a map_reduce adds its right side to `typed-union`, which
+    unions it with the left side once their types agree (see schema)."""
     c = _Compiler(rule)
     lhs = c.lhs(rule.lhs)
     for cond in rule.conds:
         c.cond(cond)
     rhs = c.rhs(rule.rhs)
     ruleset = schema.ANALYSIS if rule.kind == "analysis" else schema.REWRITE
-    when = f" :when ({' '.join(c.facts)})" if c.facts else ""
     needs = [f"(rule ((= _root {lhs}) {' '.join(facts)}) ({action}) :ruleset {schema.ANALYSIS} "
              f':name "{rule.name}/need{i}")' for i, (facts, action) in enumerate(c.demands)]
+    if _kernels(rule.rhs):
+        return "\n".join(needs + _kernel_dtypes(rule) + [
+            f"(rule ((= _root {lhs}) {' '.join(c.facts)}) ((typed-union _root {rhs})) "
+            f':ruleset {ruleset} :name "{rule.name}")'])
+    when = f" :when ({' '.join(c.facts)})" if c.facts else ""
     return "\n".join(needs + [f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} '
                                f':name "{rule.name}")'])
 

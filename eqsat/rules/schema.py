@@ -5,7 +5,10 @@ Every IR op becomes one egglog constructor `Op_<name>` whose arguments are read 
 (for ops whose result type is written in the text) the written dtype and shape. Two tables,
 `shape` and `dtype`, hold the type of every e-class; they are filled at load time from the IR and
 by the analysis rules below for nodes that rewrites create. They have no merge function, so an
-e-class that would get two shapes stops the run loudly instead of going ill-typed.
+e-class that would get two shapes stops the run loudly instead of going ill-typed. A rule whose
+right side makes a `map_reduce` (typed by analysis from its operands, axes and body) adds its
+term to `typed-union` instead of unioning it: the union follows once both sides have the same
+shape and dtype, so an instance where the kernel would not type is skipped, not a failed run.
 """
 
 from __future__ import annotations
@@ -137,6 +140,32 @@ _HELPERS = f"""
 (rule ((cat-need l k) (= l (TNil))) ((set (cat-len l k) 0)) :ruleset {ANALYSIS})
 (rule ((cat-need l k) (= l (TCons x r)) (= s (shape x)) (= n (cat-len r k)) (= d (vec-get s k)))
       ((set (cat-len l k) (+ n d))) :ruleset {ANALYSIS})
+(relation dom-need (TList))
+(function dom (TList) IntVec :no-merge)
+(relation bc-need (IntVec IntVec))
+(relation bc-go (IntVec IntVec IntVec IntVec i64 IntVec))
+(function bcast (IntVec IntVec) IntVec :no-merge)
+(rule ((dom-need (TCons x r))) ((dom-need r)) :ruleset {ANALYSIS})
+(rule ((dom-need l) (= l (TNil))) ((set (dom l) (vec-empty))) :ruleset {ANALYSIS})
+(rule ((dom-need l) (= l (TCons x r)) (= s (shape x)) (= d (dom r))) ((bc-need s d))
+      :ruleset {ANALYSIS})
+(rule ((dom-need l) (= l (TCons x r)) (= s (shape x)) (= d (dom r)) (= b (bcast s d)))
+      ((set (dom l) b)) :ruleset {ANALYSIS})
+(rule ((bc-need a b)) ((pad-go a b (vec-empty)) (pad-go b a (vec-empty))) :ruleset {ANALYSIS})
+(rule ((bc-need a b) (<= (vec-length a) (vec-length b)) (= pa (padded a b)))
+      ((bc-go a b pa b 0 (vec-empty))) :ruleset {ANALYSIS})
+(rule ((bc-need a b) (> (vec-length a) (vec-length b)) (= pb (padded b a)))
+      ((bc-go a b a pb 0 (vec-empty))) :ruleset {ANALYSIS})
+(rule ((bc-go a b pa pb i acc) (< i (vec-length pa)) (= x (vec-get pa i)) (= x (vec-get pb i)))
+      ((bc-go a b pa pb (+ i 1) (vec-push acc x))) :ruleset {ANALYSIS})
+(rule ((bc-go a b pa pb i acc) (< i (vec-length pa)) (= 1 (vec-get pa i)) (= y (vec-get pb i)))
+      ((bc-go a b pa pb (+ i 1) (vec-push acc y))) :ruleset {ANALYSIS})
+(rule ((bc-go a b pa pb i acc) (< i (vec-length pa)) (= x (vec-get pa i)) (= 1 (vec-get pb i)))
+      ((bc-go a b pa pb (+ i 1) (vec-push acc x))) :ruleset {ANALYSIS})
+(rule ((bc-go a b pa pb i acc) (= i (vec-length pa))) ((set (bcast a b) acc)) :ruleset {ANALYSIS})
+(relation typed-union (T T))
+(rule ((typed-union a b) (= s (shape a)) (= s (shape b)) (= d (dtype a)) (= d (dtype b)))
+      ((union a b)) :ruleset {ANALYSIS})
 (relation float-dtype (String))
 (float-dtype "f32")
 (float-dtype "f64")
@@ -253,6 +282,22 @@ def _matmul_t(enc: Encoding) -> list[str]:
     return rules
 
 
+def _map_reduce(enc: Encoding) -> list[str]:
+    """Its operands broadcast together (`dom`), less the reduced axes; only where the axes are
+    distinct and in range (each one then drops a dim) and, for max and min, none has length 0,
+    as the IR's type rule asks. Its dtype is its body's: rules that make one add it per body
+    (compile.py), and the fusion pass makes one by union with a typed e-class."""
+    valid = ("(= s (dom l)) (= r (reduced s a_axes)) "
+             "(= (vec-length s) (+ (vec-length r) (vec-length a_axes)))")
+    return [_rule(enc, "", "(dom-need l)"),
+            _rule(enc, "(= s (dom l))",
+                  "(red-go s a_axes 0 (vec-empty)) (perm-go s a_axes 0 (vec-empty))"),
+            _rule(enc, "(= s (dom l)) (= g (permuted s a_axes))", "(numel-go g 0 1)"),
+            _rule(enc, f'(= a_reduce "sum") {valid}', "(set (shape t) r)"),
+            _rule(enc, f'(!= a_reduce "sum") {valid} (= g (permuted s a_axes)) (> (numel g) 0)',
+                  "(set (shape t) r)")]
+
+
 ShapeRule = Callable[[Encoding], list[str]]
 
 # Type analysis per op family (per op where the family is too coarse). Fused-op families add
@@ -278,10 +323,11 @@ def _loaded_only(enc: Encoding) -> list[str]:
     return []
 
 
-# map's type is written; map_reduce's domain (its operands broadcast together) has no rule
-# yet, so only fusion's Python pass creates it, by union with an e-class that is already typed.
+# map's type is written; a fused op of a later family without a rule of its own is typed only
+# where it is loaded or unioned with a typed e-class (fusion's Python pass).
 SHAPE_RULES["fused"] = _loaded_only
 SHAPE_RULES["map"] = _written
+SHAPE_RULES["map_reduce"] = _map_reduce
 SHAPE_RULES["matmul_t"] = _matmul_t
 SHAPE_RULES["matmul_epi"] = _matmul_t
 _register_fused()

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ParseError
-from ..ir.fused import BODY, REDUCER
+from ..ir.fused import BODY, MAX_SIGNATURE_GROUPS, REDUCER, body_signatures
 from ..ir.ops import CALLEE, INT, INTS, OPS, literal_fits, ops_in
-from ..ir.scalar_expr import App, Arg, Lit, body_op_names, format_body
+from ..ir.scalar_expr import App, Arg, Lit, body_args, body_op_names, format_body
 from ..ir.types import DTYPES, DType
 from . import schema
 from .lang import WRITTEN_ATTRS, Arith, Cond, Fn, Node, Num, Pattern, Rule, ShapeFn, Var
@@ -154,13 +154,13 @@ class _Checker:
                 what = "its value" if key == "value" else f"{key}="
                 raise self.fail(f"{p.op}: {what} holds an integer beyond the 64-bit range", p)
         kinds = [self.pattern(a, lhs, k) for a, k in zip(p.args, _operand_kinds(p))]
-        result = self.result_kind(p, kinds)
+        result = self.result_kind(p, kinds, lhs)
         if not result & want:
             raise self.fail(f"type error: {p.op} gives {'/'.join(sorted(result))} where "
                             f"{'/'.join(sorted(want))} is needed", p)
         return result & want
 
-    def result_kind(self, p: Node, kinds: list[frozenset[str]]) -> frozenset[str]:
+    def result_kind(self, p: Node, kinds: list[frozenset[str]], lhs: bool) -> frozenset[str]:
         op = OPS[p.op]
         if p.op == "const":
             v = p.attr.get("value")
@@ -175,7 +175,35 @@ class _Checker:
         if p.op == "cast":  # the dtype of like=?y (or of a dtype variable), not the operand's
             like = p.attr.get("like")
             return self.kinds.get(like.name, ANY) if isinstance(like, Var) else ANY
+        if p.op == "map_reduce":
+            return self.kernel_kind(p, kinds, lhs)
         return kinds[0] if kinds else ANY
+
+    def kernel_kind(self, p: Node, kinds: list[frozenset[str]], lhs: bool) -> frozenset[str]:
+        """The dtype kinds a map_reduce computes: its body's, on the operand kinds the rule
+        allows (a kernel made on the right side needs its body written: egglog types it by
+        the body's signatures)."""
+        body, reduce = p.attr.get("body"), p.attr.get("reduce")
+        if not isinstance(body, (App, Arg, Lit)):
+            if not lhs:
+                raise self.fail("map_reduce on the right-hand side needs its body written out "
+                                "(body=exp($0)): the e-graph types a kernel it makes by its body",
+                                p)
+            return ANY
+        out = set()
+        for ins, result in body_signatures(body, len(p.args)):
+            if (all(d is None or _kind(d) in k for d, k in zip(ins, kinds))
+                    and (reduce != "sum" or result.is_numeric)):
+                out.add(_kind(result))
+        if not out and lhs:
+            return ANY  # matches nothing; harmless
+        if not out:
+            why = (f" (a kernel made by a rule reads at most {MAX_SIGNATURE_GROUPS} inputs of "
+                   f"independent dtypes)" if len(body_args(body)) > MAX_SIGNATURE_GROUPS else
+                   " (a sum of bools is none)" if reduce == "sum" else "")
+            raise self.fail(f"map_reduce: the body {format_body(body)} types on none of the "
+                            f"operand dtypes the rule allows{why}", p)
+        return frozenset(out)
 
     def attrs(self, p: Node, lhs: bool) -> None:
         op = OPS[p.op]
@@ -352,6 +380,10 @@ _FN_SORT = {"shape": "ints", "rank": "int", "dim": "int", "size": "int", "dtype"
             "len": "int"}
 _VAR_SORT = {"int": "int", "ints": "ints", "dtype": "dtype"}
 _A_SORT = {"int": "an integer", "ints": "an int list", "dtype": "a dtype"}
+
+
+def _kind(d: DType) -> str:
+    return "float" if d.is_float else "bool" if d is DType.bool else "int"
 
 
 def schema_sort(fn: str) -> str:
