@@ -112,3 +112,14 @@ def test_check_says_when_a_fixed_shape_is_too_large_to_draw():
     with pytest.raises(eqsat.rules.CheckError, match="no instance satisfies"):
         check(parse("rule r: transpose(?x, perm=[1,0]) => ?x if shape(?x) == [2, 3, 4]"),
               examples=3)
+
+
+def test_an_indexed_shape_reads_as_dim():
+    """`shape(?x)[0]` is how numpy code reads a dim; it was a parse error ('expected a
+    comparison')."""
+    rs = parse("rule r: matmul(?a, ?b) => matmul(?a, ?b) if shape(?a)[-1] == shape(?b)[0], "
+               "shape(?a)[0] >= 64")
+    assert str(rs["r"]).endswith("if dim(?a, -1) == dim(?b, 0), dim(?a, 0) >= 64")
+    with pytest.raises(eqsat.ParseError, match="takes one integer index") as e:
+        parse("rule r: exp(?x) => exp(?x) if shape(?x)[0, 1] == 2")
+    assert (e.value.line, e.value.col) == (1, 42)

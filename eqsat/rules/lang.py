@@ -18,9 +18,10 @@ on the left (`?s`, `?p`) or written (`[1,0]`) by the functions of `SHAPE_FNS`:
 `inverse(?p)` (the permutation undoing `?p`) and `lpad(?t, ?s)` (`?t` left-padded with 1s to
 `len(?s)`, the shape numpy's right-aligned broadcasting sees); they nest, and an argument may
 be the shape of a tensor variable: `permute(?s, inverse(?p))`, `lpad(shape(?x), ?s)`.
-Conditions compare `shape(?x)`, `rank(?x)`, `dim(?x, i)`, `size(?x)`, `dtype(?x)`, `len(?p)`,
-integers, literal int lists and dtype names with `== != < <= > >=` (lists and dtypes with
-`==` and `!=` only: `shape(?x) == [4, 4]`, `?p != [1, 0]`), or test `is_float(?x)`.
+Conditions compare `shape(?x)`, `rank(?x)`, `dim(?x, i)` (or `shape(?x)[i]`), `size(?x)`,
+`dtype(?x)`, `len(?p)`, integers, literal int lists and dtype names with `== != < <= > >=`
+(lists and dtypes with `==` and `!=` only: `shape(?x) == [4, 4]`, `?p != [1, 0]`), or test
+`is_float(?x)`.
 
 In Python: `Rule("mul_one", "mul(?x, const(1.0))", "?x")`, or build patterns with
 `op.mul(var("x"), op.const(1.0))` (computed attributes: `shape=shape_fn("permute", var("s"),

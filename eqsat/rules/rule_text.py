@@ -340,6 +340,10 @@ class RuleParser:
                 self.expect(",")
                 index = self.integer()
             self.expect(")")
+            if t.text == "shape" and self.accept("["):  # shape(?x)[i] is dim(?x, i)
+                index = self.integer()
+                self.expect("]", "']' (shape(?x)[i] takes one integer index)")
+                return Fn("dim", v, index)
             return Fn(t.text, v, index)
         if t.kind == "ident" and t.text in DTYPES:
             self.next()
