@@ -30,7 +30,7 @@ from ..ir.verifier import verify
 from ..rules.bridge import ENode as BridgeNode
 from ..rules.bridge import LoadTimeout
 from ..rules.bridge import Serialized
-from ..rules.bridge import bindings as _egglog
+from ..rules.egglog_native import bindings as _egglog
 from ..rules.lang import RuleSet
 from ..rules.runner import TIME_LIMIT, Limits, checked_limits, saturate
 from .choice import Extraction
