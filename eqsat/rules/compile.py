@@ -269,6 +269,24 @@ def _kernel_dtypes(rule: Rule) -> list[str]:
     return out
 
 
+def _subterms(term: str, ctor: str) -> list[str]:
+    """The subterms of egglog term text whose constructor is `ctor`, as written."""
+    out, at = [], term.find(f"({ctor} ")
+    while at >= 0:
+        depth, end, quoted = 0, at, False
+        for end in range(at, len(term)):
+            ch = term[end]
+            if ch == '"' and term[end - 1] != "\\":
+                quoted = not quoted
+            elif not quoted and ch in "()":
+                depth += 1 if ch == "(" else -1
+                if depth == 0:
+                    break
+        out.append(term[at:end + 1])
+        at = term.find(f"({ctor} ", at + 1)
+    return out
+
+
 def compile_rule(rule: Rule) -> str:
     """The egglog commands for one rule (in the analysis or the rewrite ruleset): the rewrite,
     preceded by the analysis rules that compute its shape functions' values and type the
@@ -283,8 +301,9 @@ def compile_rule(rule: Rule) -> str:
     needs = [f"(rule ((= _root {lhs}) {' '.join(facts)}) ({action}) :ruleset {schema.ANALYSIS} "
              f':name "{rule.name}/need{i}")' for i, (facts, action) in enumerate(c.demands)]
     if _kernels(rule.rhs):
+        marks = " ".join(f"(typed-kernel {k})" for k in _subterms(rhs, schema.ctor("map_reduce")))
         return "\n".join(needs + _kernel_dtypes(rule) + [
-            f"(rule ((= _root {lhs}) {' '.join(c.facts)}) ((typed-union _root {rhs})) "
+            f"(rule ((= _root {lhs}) {' '.join(c.facts)}) ((typed-union _root {rhs}) {marks}) "
             f':ruleset {ruleset} :name "{rule.name}")'])
     when = f" :when ({' '.join(c.facts)})" if c.facts else ""
     return "\n".join(needs + [f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} '

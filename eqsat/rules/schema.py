@@ -164,6 +164,7 @@ _HELPERS = f"""
       ((bc-go a b pa pb (+ i 1) (vec-push acc x))) :ruleset {ANALYSIS})
 (rule ((bc-go a b pa pb i acc) (= i (vec-length pa))) ((set (bcast a b) acc)) :ruleset {ANALYSIS})
 (relation typed-union (T T))
+(relation typed-kernel (T))
 (rule ((typed-union a b) (= s (shape a)) (= s (shape b)) (= d (dtype a)) (= d (dtype b)))
       ((union a b)) :ruleset {ANALYSIS})
 (relation float-dtype (String))
@@ -285,11 +286,12 @@ def _matmul_t(enc: Encoding) -> list[str]:
 def _map_reduce(enc: Encoding) -> list[str]:
     """Its operands broadcast together (`dom`), less the reduced axes; only where the axes are
     distinct and in range (each one then drops a dim) and, for max and min, none has length 0,
-    as the IR's type rule asks. Its dtype is its body's: rules that make one add it per body
+    as the IR's type rule asks. Only for the kernels rules make (`typed-kernel`): those of the
+    fusion pass join a typed e-class, and typing each of them again cost every optimize. Its dtype is its body's: rules that make one add it per body
     (compile.py), and the fusion pass makes one by union with a typed e-class."""
     valid = ("(= s (dom l)) (= r (reduced s a_axes)) "
              "(= (vec-length s) (+ (vec-length r) (vec-length a_axes)))")
-    return [_rule(enc, "", "(dom-need l)"),
+    return [_rule(enc, "(typed-kernel t)", "(dom-need l)"),
             _rule(enc, "(= s (dom l))",
                   "(red-go s a_axes 0 (vec-empty)) (perm-go s a_axes 0 (vec-empty))"),
             _rule(enc, "(= s (dom l)) (= g (permuted s a_axes))", "(numel-go g 0 1)"),
