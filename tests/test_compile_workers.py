@@ -224,6 +224,19 @@ def test_a_forked_child_compiles_with_workers_of_its_own(workers):
     assert len(jit.unpack_objects(_object(m))) == 2
 
 
+def test_no_worker_where_the_executable_is_no_python(monkeypatch):
+    """In an embedded Python (uWSGI, a frozen app) sys.executable is the host program."""
+    assert compile_workers._is_python(sys.executable)
+    assert all(compile_workers._is_python(p) for p in ("/usr/bin/python3", "python3.12",
+                                                       "C:/Py/python.exe", "pypy3"))
+    assert not any(compile_workers._is_python(p) for p in ("/usr/bin/uwsgi", "", None,
+                                                           "/opt/app/blender"))
+    compile_workers.stop()
+    monkeypatch.setattr(sys, "executable", "/usr/bin/uwsgi")
+    compile_workers.start(1)
+    assert compile_workers._workers == []
+
+
 def test_worker_count_setting(monkeypatch):
     from eqsat.backend.settings import compile_workers as count
 

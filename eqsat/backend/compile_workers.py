@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import select
 import signal
 import struct
@@ -113,11 +114,20 @@ def _read(pipe: Any, size: int) -> bytes:
     return b"".join(chunks)
 
 
+def _is_python(executable: str | None) -> bool:
+    """Whether `executable` is a Python interpreter: embedded Pythons (uWSGI, a frozen app)
+    name their host program there, which must not be run as a worker."""
+    name = Path(executable or "").name.lower()
+    return bool(re.fullmatch(r"(python|pypy)[\d.]*(\.exe)?", name))
+
+
 def start(count: int | None = None) -> None:
     """Have `count` workers running (default: EQSAT_COMPILE_WORKERS or the usable cores less
     one, at most 3), starting those missing; returns without waiting for them to be ready."""
     global _broken
     want = compile_workers() if count is None else count
+    if want and not _is_python(sys.executable):
+        return
     with _lock:
         # one that died before it was ready cannot start here (it could not import eqsat, say):
         # its successors would fail alike, so none is started again
