@@ -270,3 +270,17 @@ def test_llvm_of_a_module_is_unchanged_by_workers():
     """eqsat.emit shows the whole module optimized in one piece, workers or not."""
     m = eqsat.parse((EXAMPLES / "mlp.eqir").read_text())
     llvm.parse_assembly(eqsat.emit(m, target="llvm")).verify()
+
+
+def test_a_request_is_written_whole_where_the_pipe_takes_part_of_each_write():
+    class Short:
+        def __init__(self):
+            self.got = b""
+
+        def write(self, data):
+            self.got += bytes(data[:1000])
+            return min(len(data), 1000)
+
+    pipe, data = Short(), bytes(range(256)) * 40
+    compile_workers._write(pipe, data)
+    assert pipe.got == data

@@ -80,7 +80,7 @@ class _Worker:
         data = text.encode()
         try:
             assert self.proc.stdin is not None and self.proc.stdout is not None
-            self.proc.stdin.write(_REQUEST.pack(len(data), level, int(unroll)) + data)
+            _write(self.proc.stdin, _REQUEST.pack(len(data), level, int(unroll)) + data)
             ok, size = _REPLY.unpack(_read(self.proc.stdout, _REPLY.size))
             payload = _read(self.proc.stdout, size)
         except (OSError, WorkerError) as e:
@@ -100,6 +100,13 @@ class _Worker:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def _write(pipe: Any, data: bytes) -> None:
+    """All of `data` to a raw pipe (one write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[pipe.write(view):]
 
 
 def _read(pipe: Any, size: int) -> bytes:
