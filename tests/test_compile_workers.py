@@ -249,6 +249,19 @@ def test_worker_count_setting(monkeypatch):
         count()
     monkeypatch.delenv("EQSAT_COMPILE_WORKERS")
     assert 0 <= count() <= 3
+    from eqsat.backend import settings
+
+    monkeypatch.setattr(settings, "usable_cores", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.0, 1.0, 1.0))  # this process: one busy
+    assert count() == 1
+    monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 1.0))  # another process too
+    assert count() == 0
+    monkeypatch.setattr(settings, "usable_cores", lambda: 16)
+    monkeypatch.setattr(os, "getloadavg", lambda: (4.0, 1.0, 1.0))
+    assert count() == 3
+    monkeypatch.setenv("EQSAT_COMPILE_WORKERS", "2")  # as told, whatever the load
+    monkeypatch.setattr(os, "getloadavg", lambda: (40.0, 1.0, 1.0))
+    assert count() == 2
 
 
 def test_compile_starts_workers_only_when_it_optimizes(monkeypatch, tmp_path):
