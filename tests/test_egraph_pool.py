@@ -3,6 +3,8 @@ e-graph holding nothing of the modules before it."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pytest
 
@@ -34,7 +36,7 @@ def empty_pool():
 
 
 def _kept(rules: str) -> list:
-    return egraph_pool._kept.get(rules, [])
+    return egraph_pool.kept(rules)
 
 
 def test_a_closed_egraph_is_reused_and_holds_nothing_of_its_module():
@@ -94,4 +96,43 @@ def test_kept_rule_sets_are_bounded():
         rules = parse_rules(f"rule r{i}: mul(?x, ?x) => mul(?x, ?x)")
         eg, _ = saturate(m, rules)
         eg.close()
-    assert len(egraph_pool._kept) <= egraph_pool.KEEP_RULE_SETS
+    assert egraph_pool.kept_rule_sets() <= egraph_pool.KEEP_RULE_SETS
+
+
+def _reference(modules: list, rules=None) -> list[str]:
+    """Each module optimized with an e-graph of its own (the pool emptied before each)."""
+    out = []
+    for m in modules:
+        egraph_pool.clear()
+        out.append(str(eqsat.optimize(m, rules=rules)))
+    return out
+
+
+def test_an_egraph_kept_by_one_thread_never_serves_another():
+    """egglog's e-graphs belong to the thread that made them (another thread's use raised
+    pyo3's PanicException, 'EGraph is unsendable'): one a thread kept stays with it."""
+    a = eqsat.parse(A)
+    want = _reference([a])
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(lambda: str(eqsat.optimize(a))).result() == want[0]
+    assert str(eqsat.optimize(a)) == want[0]
+    with ThreadPoolExecutor(1) as pool:
+        assert pool.submit(lambda: str(eqsat.optimize(a))).result() == want[0]
+
+
+def test_threads_optimizing_at_once_get_what_a_fresh_egraph_gives():
+    """Several threads optimizing modules with the built-in rules and with a user's rules,
+    interleaved, each get the program an e-graph of its own gives."""
+    mine = parse_rules("rule twice: add(?x, ?x) => mul(?x, add(?x, ?x))")
+    modules = [eqsat.parse(A), eqsat.parse(B), eqsat.parse(A.replace("add %x, %y", "add %x, %x"))]
+    jobs = [(m, r) for m in modules for r in (None, mine)]
+    want = {i: _reference([m], r)[0] for i, (m, r) in enumerate(jobs)}
+
+    def work(k: int) -> list[tuple[int, str]]:
+        order = [(k + j) % len(jobs) for j in range(len(jobs))]
+        return [(i, str(eqsat.optimize(jobs[i][0], rules=jobs[i][1]))) for i in order]
+
+    with ThreadPoolExecutor(4) as pool:
+        for results in pool.map(work, range(4)):
+            for i, text in results:
+                assert text == want[i]

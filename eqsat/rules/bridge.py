@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -125,6 +126,7 @@ class EGraph:
         self.module = module
         self.rules = rules  # the rule set program declared below the module (see add_rules)
         self.failed = False
+        self.thread = threading.get_ident()  # the only thread that may use it (see egraph_pool)
         self.native = egraph_pool.take(rules, _fresh_native, _declare)
         self.encodings = schema.encodings()
         self.lets: dict[str, tuple[str, str]] = {}  # let name -> (function, value name)
@@ -160,9 +162,10 @@ class EGraph:
 
     def close(self) -> None:
         """Done with the e-graph (its serialized snapshots stay valid): its native e-graph
-        goes back to the pool for the next module, unless a run on it failed."""
+        goes back to the pool for the next module, unless a run on it failed or this is not
+        the thread that loaded it."""
         native, self.native = self.native, None
-        if native is not None and not self.failed:
+        if native is not None and not self.failed and threading.get_ident() == self.thread:
             try:
                 egraph_pool.give(native, self.rules, _declare)
             except Exception:  # egglog refused the pop: the e-graph is dropped, not reused
