@@ -83,8 +83,8 @@ class _Worker:
             _write(self.proc.stdin, _REQUEST.pack(len(data), level, int(unroll)) + data)
             ok, size = _REPLY.unpack(_read(self.proc.stdout, _REPLY.size))
             payload = _read(self.proc.stdout, size)
-        except (OSError, WorkerError) as e:
-            self.proc.kill()  # never reused: its pipes may hold half an exchange
+        except (OSError, ValueError, WorkerError) as e:  # ValueError: `stop` closed its pipes
+            self.discard()  # never reused: its pipes may hold half an exchange
             raise WorkerError(f"the compile worker failed: {e}") from e
         if not ok:
             raise WorkerError(payload.decode(errors="replace"))
@@ -92,14 +92,22 @@ class _Worker:
 
     def close(self) -> None:
         """End the worker: it exits when its stdin closes."""
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            if pipe is not None:
-                pipe.close()
+        self._close_pipes()
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            self.discard()
+
+    def discard(self) -> None:
+        """End the worker now, and let go of its process and pipes."""
+        self.proc.kill()
+        self.proc.wait()
+        self._close_pipes()
+
+    def _close_pipes(self) -> None:
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 def _write(pipe: Any, data: bytes) -> None:
@@ -148,11 +156,23 @@ def start(count: int | None = None) -> None:
 
 
 def stop() -> None:
-    """End every worker of this process."""
+    """End every worker of this process. One in an exchange (a compile in another thread, a
+    daemon thread's at the interpreter's exit) is killed: the thread waiting for its reply
+    reads the end of its pipe and that part is compiled there."""
     with _lock:
         workers, _workers[:] = list(_workers), []
     for w in workers:
-        w.close()
+        held = w.busy.acquire(blocking=False)
+        if not held:
+            w.proc.kill()
+            # the exchange ends at once; past this, its holder is not in one (it was
+            # interrupted meanwhile) and a pipe closed under it reads as a failed worker
+            held = w.busy.acquire(timeout=2)
+        try:
+            w.close()
+        finally:
+            if held:
+                w.busy.release()
 
 
 def compile_objects(text: str) -> bytes:
