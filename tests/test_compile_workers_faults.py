@@ -5,6 +5,8 @@ compiles to what the interpreter computes, and nothing is printed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -82,3 +84,39 @@ def test_stopping_workers_while_one_has_a_part(workers, monkeypatch):
     assert worker.proc.returncode is not None
     assert worker.proc.stdin.closed and worker.proc.stdout.closed
     _check_runs(m, blob)
+
+
+EXIT_SCRIPT = """
+import sys, threading, time
+import eqsat
+from eqsat.backend import compile_module, compile_workers, jit
+compile_workers.MIN_LINES = 0
+compile_workers.start(1)
+while not all(w.usable() for w in compile_workers._workers):
+    time.sleep(0.01)
+m = eqsat.differentiate(eqsat.parse(open(sys.argv[1]).read()))
+started = threading.Event()
+real, calls = jit.run_passes, []
+def run_passes(pm, mod, pb):
+    calls.append(1)
+    if len(calls) == 2:  # the pipeline, after function merging: the longest call into LLVM
+        started.set()
+    return real(pm, mod, pb)
+jit.run_passes = run_passes
+threading.Thread(target=compile_module, args=(m,), kwargs={"cache_dir": None},
+                 daemon=True).start()
+started.wait()
+"""
+
+
+def test_the_interpreter_exits_while_a_daemon_thread_compiles_with_workers():
+    """A daemon thread compiling (its own part in LLVM, another part in a worker) when the
+    main thread ends: the process exits cleanly and says nothing. Exit ran LLVM's static
+    destructors under the thread's pass pipeline (a segfault, or an LLVM assertion), after a
+    traceback of the thread whose worker exit stopped."""
+    for _ in range(2):
+        t0 = time.monotonic()
+        out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(EXAMPLES / "transformer.eqir")],
+                             capture_output=True, text=True, timeout=120)
+        assert (out.returncode, out.stderr) == (0, "")
+        assert time.monotonic() - t0 < 60

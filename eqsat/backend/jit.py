@@ -4,6 +4,7 @@ into MCJIT."""
 
 from __future__ import annotations
 
+import atexit
 import ctypes.util
 import functools
 import hashlib
@@ -224,7 +225,21 @@ def hold_across_fork(lock: threading.Lock | threading.RLock | None) -> None:
 
 
 # llvmlite's own lock around every call into LLVM (private: where it is missing, not held)
-hold_across_fork(getattr(getattr(llvm.ffi.lib, "_lock", None), "_lock", None))
+_LLVM_LOCK = getattr(getattr(llvm.ffi.lib, "_lock", None), "_lock", None)
+hold_across_fork(_LLVM_LOCK)
+
+
+def _keep_out_of_llvm_at_exit() -> None:
+    """At the interpreter's exit, wait for the call into LLVM another thread is in, and keep
+    every other thread out of LLVM from then on (the lock is reentrant: this thread's own
+    finalization still frees what it holds). The process's exit tears down LLVM's global
+    state: a daemon thread still compiling then crashed it (a segfault, or an LLVM assertion
+    in the middle of its pass pipeline)."""
+    if _LLVM_LOCK is not None:
+        _LLVM_LOCK.acquire()
+
+
+atexit.register(_keep_out_of_llvm_at_exit)
 
 
 @dataclass(frozen=True)
