@@ -5,10 +5,12 @@ compiles to what the interpreter computes, and nothing is printed."""
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -120,3 +122,19 @@ def test_the_interpreter_exits_while_a_daemon_thread_compiles_with_workers():
                              capture_output=True, text=True, timeout=120)
         assert (out.returncode, out.stderr) == (0, "")
         assert time.monotonic() - t0 < 60
+
+
+def test_a_worker_that_died_is_let_go_of_when_it_is_replaced(workers):
+    """A worker that died on its own (killed, out of memory) is replaced at the next start;
+    its pipes are closed then, not left to the garbage collector (a ResourceWarning each)."""
+    workers(1)
+    dead = compile_workers._workers[0]
+    dead.proc.kill()
+    dead.proc.wait()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        _start(1)
+        gc.collect()
+    assert [str(w.message) for w in caught] == []
+    assert dead.proc.stdin.closed and dead.proc.stdout.closed
+    assert compile_workers._workers[0] is not dead

@@ -147,7 +147,11 @@ def start(count: int | None = None) -> None:
         # one that died before it was ready cannot start here (it could not import eqsat, say):
         # its successors would fail alike, so none is started again
         _broken = _broken or any(not w.ready and not w.alive() for w in _workers)
-        _workers[:] = [w for w in _workers if w.alive()]
+        for w in [w for w in _workers if not w.alive()]:
+            _workers.remove(w)
+            if w.busy.acquire(blocking=False):  # else its holder lets go of it (discard)
+                w.discard()
+                w.busy.release()
         while not _broken and len(_workers) < want:
             try:
                 _workers.append(_Worker())
