@@ -6,6 +6,8 @@ compiles to what the interpreter computes, and nothing is printed."""
 from __future__ import annotations
 
 import gc
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -138,3 +140,39 @@ def test_a_worker_that_died_is_let_go_of_when_it_is_replaced(workers):
     assert [str(w.message) for w in caught] == []
     assert dead.proc.stdin.closed and dead.proc.stdout.closed
     assert compile_workers._workers[0] is not dead
+
+
+CTRL_C_SCRIPT = """
+import sys, time
+import eqsat
+from eqsat.backend import compile_workers, cpu, jit
+compile_workers.MIN_LINES = 0
+compile_workers.start(1)
+print("started", flush=True)
+try:
+    time.sleep(30)
+except KeyboardInterrupt:
+    pass
+workers = compile_workers._workers
+while all(w.alive() for w in workers) and not all(w.usable() for w in workers):
+    time.sleep(0.01)
+m = eqsat.differentiate(eqsat.parse(open(sys.argv[1]).read()))
+print(len(jit.unpack_objects(compile_workers.compile_objects(cpu.lower(m)[0]))))
+"""
+
+
+def test_ctrl_c_while_workers_start_leaves_them_running():
+    """Ctrl-C in a terminal reaches its whole process group: workers still importing eqsat
+    died of it, and this process compiled alone from then on (a worker that dies before it
+    is ready is not started again). Workers run in a session of their own."""
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT, str(EXAMPLES / "mlp.eqir")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout.readline() == "started\n"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (out, err) == ("2\n", "")

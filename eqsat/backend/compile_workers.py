@@ -56,7 +56,10 @@ class _Worker:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", self.COMMAND],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-            bufsize=0)  # unbuffered: a forked child can drop the pipes without flushing
+            bufsize=0,  # unbuffered: a forked child can drop the pipes without flushing
+            # out of the terminal's process group: a Ctrl-C there killed workers still
+            # importing (those that cannot start are not started again)
+            start_new_session=True)
         self.busy = threading.Lock()
         self.ready = False
 
@@ -234,8 +237,7 @@ def compile_objects(text: str) -> bytes:
 
 def serve() -> None:
     """A worker's loop: compile each request on stdin, answer on stdout, until stdin closes."""
-    # an interrupt (Ctrl-C reaches the whole process group) is the parent's to handle; a
-    # worker ends when the parent closes its stdin
+    # an interrupt is the parent's to handle; a worker ends when the parent closes its stdin
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     jit.target_machine()
