@@ -3,6 +3,8 @@ e-graph holding nothing of the modules before it."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -136,3 +138,46 @@ def test_threads_optimizing_at_once_get_what_a_fresh_egraph_gives():
         for results in pool.map(work, range(4)):
             for i, text in results:
                 assert text == want[i]
+
+
+FORK_SCRIPT = """
+import os, sys, time
+from concurrent.futures import ThreadPoolExecutor
+import eqsat
+m = eqsat.parse(sys.argv[1])
+threads = ThreadPoolExecutor(1)
+threads.submit(eqsat.optimize, m).result()  # an e-graph kept by a thread that stays
+eqsat.optimize(m)
+pid = os.fork()
+if pid == 0:
+    CHILD
+    sys.exit(0)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.02)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    status = "hung"
+print(status, flush=True)
+threads.shutdown()
+print(eqsat.optimize(m) is not None)
+"""
+
+
+def _fork(child: str) -> subprocess.CompletedProcess:
+    script = FORK_SCRIPT.replace("CHILD", child)
+    return subprocess.run([sys.executable, "-c", script, A], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_process_forked_after_optimizing_exits():
+    """egglog frees an e-graph on its thread pool, whose threads a forked child does not
+    have: the e-graphs the parent kept, freed as the child's interpreter ended, hung it (and
+    those of the parent's other threads printed 'EGraph is unsendable, but is being dropped
+    on another thread' at the fork). A child never frees them."""
+    out = _fork("print('child', flush=True)")
+    assert (out.stdout, out.stderr) == ("child\n0\nTrue\n", "")

@@ -10,10 +10,16 @@ dropped, never reused.
 
 egglog's e-graph belongs to the thread that made it (pyo3 panics where another thread uses
 or drops it), so each thread keeps its own: they go with the thread when it ends.
+egglog frees an e-graph on its thread pool (rayon), whose threads a forked child does not
+have: freeing one there never returns. A kept e-graph found anywhere but in the process and
+thread that made it (a forked child; the interpreter's end, for a daemon thread's) is never
+freed.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -25,18 +31,34 @@ _generation = 0  # bumped by `clear`: a thread drops what it kept before, at its
 _generation_lock = threading.Lock()
 
 
+class _Native:
+    """A kept native e-graph, freed with this holder only where it was made."""
+
+    __slots__ = ("native", "made_in")
+
+    def __init__(self, native: Any) -> None:
+        self.native = native
+        self.made_in = (os.getpid(), threading.get_ident())
+
+    def __del__(self, _getpid: Callable[[], int] = os.getpid,
+                _ident: Callable[[], int] = threading.get_ident,
+                _incref: Callable[[Any], None] = ctypes.pythonapi.Py_IncRef) -> None:
+        if (_getpid(), _ident()) != self.made_in:
+            _incref(ctypes.py_object(self.native))  # a reference never given back
+
+
 class _Kept(threading.local):
-    """One thread's kept e-graphs: rule set program -> native e-graph, least recent first."""
+    """One thread's kept e-graphs: rule set program -> holder, least recent first."""
 
     def __init__(self) -> None:
-        self.natives: OrderedDict[str, Any] = OrderedDict()
+        self.natives: OrderedDict[str, _Native] = OrderedDict()
         self.generation = _generation
 
 
 _local = _Kept()
 
 
-def _own() -> OrderedDict[str, Any]:
+def _own() -> OrderedDict[str, _Native]:
     """This thread's kept e-graphs, emptied where `clear` was called since it last looked."""
     if _local.generation != _generation:
         _local.natives.clear()
@@ -49,9 +71,9 @@ def take(rules: str, make: Callable[[], Any], declare: Callable[[Any, str], None
     declared, pushed: one this thread kept, else `make()` declared through
     `declare(native, program)` (the schema is `make`'s to declare). It may be used and given
     back by this thread only."""
-    native = _own().pop(rules, None)
-    if native is not None:
-        return native
+    kept = _own().pop(rules, None)
+    if kept is not None:
+        return kept.native
     native = make()
     if rules:
         declare(native, rules)
@@ -65,7 +87,8 @@ def give(native: Any, rules: str, declare: Callable[[Any, str], None]) -> None:
     declare(native, "(pop)")
     declare(native, "(push)")
     kept = _own()
-    kept.setdefault(rules, native)
+    if rules not in kept:
+        kept[rules] = _Native(native)
     kept.move_to_end(rules)
     while len(kept) > KEEP_RULE_SETS:
         kept.popitem(last=False)
@@ -73,8 +96,8 @@ def give(native: Any, rules: str, declare: Callable[[Any, str], None]) -> None:
 
 def kept(rules: str) -> list[Any]:
     """The e-graphs this thread keeps for `rules` (for tests and reports)."""
-    native = _own().get(rules)
-    return [] if native is None else [native]
+    kept = _own().get(rules)
+    return [] if kept is None else [kept.native]
 
 
 def kept_rule_sets() -> int:
@@ -89,3 +112,13 @@ def clear() -> None:
     with _generation_lock:
         _generation += 1
     _own()
+
+
+def _forget_after_fork() -> None:
+    """In a forked child: the e-graphs this thread kept in the parent are never used (egglog
+    could not free what a module adds to them) nor freed (see the module docstring)."""
+    _local.natives.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
