@@ -68,3 +68,8 @@ class UnknownRule(Error, KeyError):
 
 class UnsoundRule(Error):
     """A rewrite rule whose two sides differ on some input; names the rule and the input."""
+
+
+class ForkedProcessError(Error):
+    """Optimization in a process forked from one that had optimized: egglog's thread pool
+    stays with the parent, and the child could never free an e-graph."""

@@ -181,3 +181,15 @@ def test_a_process_forked_after_optimizing_exits():
     on another thread' at the fork). A child never frees them."""
     out = _fork("print('child', flush=True)")
     assert (out.stdout, out.stderr) == ("child\n0\nTrue\n", "")
+
+
+def test_optimizing_in_a_process_forked_after_optimizing_says_why_it_cannot():
+    """A forked child cannot free an e-graph of its own either (egglog's thread pool stayed
+    with the parent): its optimize hung where it finished. It raises an eqsat.Error naming
+    the cause and the fixes instead; the child goes on, and exits."""
+    child = ("try:\n"
+             "        eqsat.optimize(m)\n"
+             "    except eqsat.Error as e:\n"
+             "        print(type(e).__name__, 'spawn' in str(e), flush=True)")
+    out = _fork(child)
+    assert (out.stdout, out.stderr) == ("ForkedProcessError True\n0\nTrue\n", "")

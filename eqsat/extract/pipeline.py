@@ -24,7 +24,7 @@ from collections.abc import Hashable, Mapping
 
 import numpy as np
 
-from ..errors import Error
+from ..errors import Error, ForkedProcessError
 from ..ir.module import Function, Module, Names, Stmt
 from ..ir.verifier import verify
 from ..rules.bridge import ENode as BridgeNode
@@ -108,6 +108,8 @@ def optimize_with_report(module: Module, rules: RuleSet | None = None,
     try:
         afford = extract_budget(limits) / SECONDS_PER_NODE
         eg, sat = saturate(expanded, rules, limits, progress, afford)
+    except ForkedProcessError:  # no saturation can run in this process: the user must know
+        raise
     except LoadTimeout as e:  # the limit as the user set it: the input is the best found
         report.stop_reason = TIME_LIMIT
         clock.lap("saturate")

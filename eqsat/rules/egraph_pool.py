@@ -25,10 +25,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ForkedProcessError
+
 KEEP_RULE_SETS = 4  # rule sets whose e-graphs a thread keeps (the built-in one, a user's few)
 
 _generation = 0  # bumped by `clear`: a thread drops what it kept before, at its next use
 _generation_lock = threading.Lock()
+_made = False  # this process made an e-graph: egglog's thread pool may be running
+_forked_after_use = False  # forked from a process that had made one: egglog cannot run here
 
 
 class _Native:
@@ -70,10 +74,21 @@ def take(rules: str, make: Callable[[], Any], declare: Callable[[Any, str], None
     """A native e-graph with the schema and `rules` (egglog program text, "" for none)
     declared, pushed: one this thread kept, else `make()` declared through
     `declare(native, program)` (the schema is `make`'s to declare). It may be used and given
-    back by this thread only."""
+    back by this thread only; ForkedProcessError in a process forked after egglog ran."""
+    global _made
+    if _forked_after_use:
+        raise ForkedProcessError(
+            "eqsat cannot optimize in this process: it was forked (os.fork, or "
+            "multiprocessing's 'fork' start method) from a process that had optimized, and "
+            "egglog's thread pool does not survive a fork (an e-graph made here could never "
+            "be freed: the process would hang). Start worker processes with "
+            "multiprocessing.get_context('spawn') or 'forkserver', or before the first "
+            "optimization; programs whose optimization is in eqsat's disk cache still "
+            "compile here.")
     kept = _own().pop(rules, None)
     if kept is not None:
         return kept.native
+    _made = True
     native = make()
     if rules:
         declare(native, rules)
@@ -116,7 +131,10 @@ def clear() -> None:
 
 def _forget_after_fork() -> None:
     """In a forked child: the e-graphs this thread kept in the parent are never used (egglog
-    could not free what a module adds to them) nor freed (see the module docstring)."""
+    could not free what a module adds to them) nor freed (see the module docstring), and
+    where the parent ran egglog, no e-graph is made here."""
+    global _forked_after_use
+    _forked_after_use = _forked_after_use or _made
     _local.natives.clear()
 
 
