@@ -176,3 +176,36 @@ def test_ctrl_c_while_workers_start_leaves_them_running():
         proc.kill()
         proc.wait()
     assert (out, err) == ("2\n", "")
+
+
+@pytest.mark.parametrize("value", ["²", "٣", "1e3", "-1", "two"])
+def test_a_worker_count_that_is_not_a_plain_number_is_an_error(monkeypatch, value):
+    """str.isdigit takes '²' (int() then raised a bare ValueError) and '٣'."""
+    from eqsat.backend.settings import compile_workers as count
+
+    monkeypatch.setenv("EQSAT_COMPILE_WORKERS", value)
+    with pytest.raises(eqsat.Error, match="EQSAT_COMPILE_WORKERS"):
+        count()
+
+
+def test_a_worker_count_past_any_use_is_capped(monkeypatch):
+    """A typo (EQSAT_COMPILE_WORKERS=1000000) started processes until the system refused
+    one: workers beyond the most threads a process uses compile nothing sooner."""
+    from eqsat.backend.settings import compile_workers as count
+    from eqsat.host import MAX_THREADS
+
+    monkeypatch.setenv("EQSAT_COMPILE_WORKERS", "99999999999999999999")
+    assert count() == MAX_THREADS
+    monkeypatch.setenv("EQSAT_COMPILE_WORKERS", " 2 ")
+    assert count() == 2
+
+
+def test_a_process_on_one_core_starts_no_worker():
+    script = ("import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})\n"
+              "os.environ.pop('EQSAT_COMPILE_WORKERS', None)\n"
+              "from eqsat.backend import compile_workers\n"
+              "compile_workers.start()\n"
+              "print(len(compile_workers._workers))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert (out.stdout, out.stderr) == ("0\n", "")

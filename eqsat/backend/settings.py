@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from ..errors import Error
-from ..host import usable_cores
+from ..host import MAX_THREADS, usable_cores
 
 
 def gemm_switches() -> tuple[bool, bool]:
@@ -27,7 +27,8 @@ def compile_workers() -> int:
     IR in parallel (0: none). By default one less than the usable cores, at most 3, and only
     as many as the load average leaves idle: on 2 cores busy with another process, a worker
     only took time from the optimizer (training step cold: 1.16-1.39 s with one, 0.91-1.10
-    without, at load 2)."""
+    without, at load 2). More than MAX_THREADS are never started: they would compile nothing
+    sooner, and a typo of many digits started processes until the system refused one."""
     value = os.environ.get("EQSAT_COMPILE_WORKERS", "").strip()
     if not value:
         cores = usable_cores()
@@ -36,7 +37,7 @@ def compile_workers() -> int:
         except (AttributeError, OSError):  # no load average here
             idle = cores
         return max(0, min(3, cores - 1, idle))
-    if not value.isdigit():
+    if not (value.isascii() and value.isdigit()):
         raise Error(f"EQSAT_COMPILE_WORKERS must be a number of worker processes (0: none), "
                     f"not {value!r}")
-    return int(value)
+    return min(int(value), MAX_THREADS)
