@@ -209,3 +209,67 @@ def test_a_process_on_one_core_starts_no_worker():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          timeout=60)
     assert (out.stdout, out.stderr) == ("0\n", "")
+
+
+# A worker that says it is ready, takes a request, and ends its reply half-way: a header
+# promising more bytes than follow, then exits (killed while replying).
+HALF_REPLY = (
+    "import os, struct, sys\n"
+    "from eqsat.backend.compile_workers import _REQUEST, _REPLY, _READY, _read\n"
+    "out = sys.stdout.buffer; out.write(_READY); out.flush()\n"
+    "size, _, _ = _REQUEST.unpack(_read(sys.stdin.buffer, _REQUEST.size))\n"
+    "_read(sys.stdin.buffer, size)\n"
+    "out.write(_REPLY.pack(1, 1 << 20) + b'\\x7fELF'); out.flush()\n"
+    "os._exit(0)\n")
+# One whose stdout is closed once it is ready; it stays alive, reading its requests.
+NO_STDOUT = (
+    "import os, sys, time\n"
+    "from eqsat.backend.compile_workers import _READY\n"
+    "sys.stdout.buffer.write(_READY); sys.stdout.buffer.flush(); os.close(1)\n"
+    "while sys.stdin.buffer.read(1 << 16):\n"
+    "    pass\n")
+
+
+@pytest.mark.parametrize("command", [HALF_REPLY, NO_STDOUT], ids=["half-reply", "no-stdout"])
+def test_a_worker_that_breaks_off_its_reply(workers, monkeypatch, command):
+    """Its part is compiled here and the program runs; the worker is let go of (no process,
+    no pipe), and a new one takes its place at the next start."""
+    good = compile_workers._Worker.COMMAND
+    monkeypatch.setattr(compile_workers._Worker, "COMMAND", command)
+    errors = workers(1)
+    bad = compile_workers._workers[0]
+    m = _program()
+    blob = compile_workers.compile_objects(cpu.lower(m)[0])
+    _check_runs(m, blob)
+    assert errors == [] and bad.proc.returncode is not None and bad.proc.stdout.closed
+    monkeypatch.setattr(compile_workers._Worker, "COMMAND", good)
+    _start(1)
+    assert compile_workers._workers[0] is not bad
+    assert len(jit.unpack_objects(compile_workers.compile_objects(cpu.lower(m)[0]))) == 2
+
+
+def test_an_interrupt_while_parts_go_out_leaves_every_worker_usable(workers, monkeypatch):
+    """Ctrl-C while a thread that takes a part to a worker starts (Thread.start waits for
+    it): the workers whose threads never started stayed marked busy for good, and no later
+    compile gave them a part."""
+    errors = workers(2)
+
+    class Interrupted(threading.Thread):
+        def start(self) -> None:
+            super().start()
+            raise KeyboardInterrupt
+
+    plain = threading.Thread
+    monkeypatch.setattr(threading, "Thread", Interrupted)
+    m = _program()
+    text = cpu.lower(m)[0]
+    with pytest.raises(KeyboardInterrupt):
+        compile_workers.compile_objects(text)
+    monkeypatch.setattr(threading, "Thread", plain)
+    deadline = time.monotonic() + 10
+    while any(w.busy.locked() for w in compile_workers._workers):
+        assert time.monotonic() < deadline, "a worker stayed busy"
+        time.sleep(0.01)
+    blob = compile_workers.compile_objects(text)
+    assert len(jit.unpack_objects(blob)) == 3 and errors == []
+    _check_runs(m, blob)

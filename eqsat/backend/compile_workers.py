@@ -182,9 +182,43 @@ def stop() -> None:
                 w.busy.release()
 
 
-def compile_objects(text: str) -> bytes:
-    """The object code of LLVM IR text (packed as `jit.pack_objects`): compiled in parts, in
-    parallel, where workers are running and the module is large enough to pay; else here."""
+class _Exchange:
+    """One part on its way to a worker, in a thread of its own. Once that thread runs it owns
+    the worker (holds its `busy`) until the exchange ends, even where the compile that asked
+    is interrupted meanwhile; until then `cancel` gives the worker back."""
+
+    def __init__(self, worker: _Worker, text: str) -> None:
+        self.worker, self.text = worker, text
+        self.level, self.unroll = jit.SPEED_LEVEL, jit.UNROLL_LOOPS
+        self.result: bytes | None = None  # None: this process compiles the part
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self._guard = threading.Lock()
+        self._state = "new"  # then "running" or "cancelled"
+
+    def _run(self) -> None:
+        with self._guard:
+            if self._state == "cancelled":
+                return
+            self._state = "running"
+        try:
+            self.result = self.worker.compile(jit.with_function_attributes(self.text),
+                                              self.level, self.unroll)
+        except WorkerError:
+            pass  # compiled by the process that asked, where a real error is raised
+        finally:
+            self.worker.busy.release()
+
+    def cancel(self) -> None:
+        """Give the worker back, unless the thread runs already (then it does)."""
+        with self._guard:
+            if self._state != "new":
+                return
+            self._state = "cancelled"
+        self.worker.busy.release()
+
+
+def _idle() -> list[_Worker]:
+    """The workers ready for a part, each held (`busy`) for the caller."""
     idle = []
     with _lock:
         for w in _workers:  # only the holder of `busy` reads a worker's pipe
@@ -193,6 +227,13 @@ def compile_objects(text: str) -> bytes:
                     idle.append(w)
                 else:
                     w.busy.release()
+    return idle
+
+
+def compile_objects(text: str) -> bytes:
+    """The object code of LLVM IR text (packed as `jit.pack_objects`): compiled in parts, in
+    parallel, where workers are running and the module is large enough to pay; else here."""
+    idle = _idle()
     try:
         parts = llvm_split.split(text, len(idle) + 1, MIN_LINES) if idle else [text]
     except BaseException:
@@ -205,34 +246,24 @@ def compile_objects(text: str) -> bytes:
         return jit.compile_object(text)
     # the smallest part here: this process also loads the objects when they are done
     parts.sort(key=len)
-    results: list[bytes | None] = [None] * len(parts)
-    level, unroll = jit.SPEED_LEVEL, jit.UNROLL_LOOPS
-
-    def remote(i: int, worker: _Worker) -> None:
-        """Runs in a thread that owns `worker` until its exchange ends, even where the
-        compile that asked is interrupted meanwhile."""
-        try:
-            results[i] = worker.compile(jit.with_function_attributes(parts[i]), level, unroll)
-        except WorkerError:
-            pass  # compiled here below, where a real error is raised
-        finally:
-            worker.busy.release()
-
-    threads = [threading.Thread(target=remote, args=(i, w), daemon=True)
-               for i, w in zip(range(1, len(parts)), idle)]
-    for k, t in enumerate(threads):
-        try:
-            t.start()
-        except RuntimeError:  # no thread to be had: those parts are compiled here
-            for w in idle[k:len(threads)]:
-                w.busy.release()
-            threads = threads[:k]
-            break
-    results[0] = jit.compile_object(parts[0])
-    for t in threads:
-        t.join()
-    return jit.pack_objects([r if r is not None else jit.compile_object(p)
-                             for r, p in zip(results, parts)])
+    exchanges = [_Exchange(w, p) for w, p in zip(idle, parts[1:])]
+    started: list[_Exchange] = []
+    try:
+        for e in exchanges:
+            e.thread.start()
+            started.append(e)
+    except BaseException as error:
+        # an interrupt while a thread starts (start waits for it), or no thread to be had:
+        # the workers of threads not running yet are given back
+        for e in exchanges:
+            e.cancel()
+        if not isinstance(error, RuntimeError):
+            raise
+    first = jit.compile_object(parts[0])
+    for e in started:
+        e.thread.join()
+    return jit.pack_objects([first] + [e.result if e.result is not None
+                                       else jit.compile_object(e.text) for e in exchanges])
 
 
 def serve() -> None:
