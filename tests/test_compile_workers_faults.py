@@ -273,3 +273,25 @@ def test_an_interrupt_while_parts_go_out_leaves_every_worker_usable(workers, mon
     blob = compile_workers.compile_objects(text)
     assert len(jit.unpack_objects(blob)) == 3 and errors == []
     _check_runs(m, blob)
+
+
+def test_workers_import_this_eqsat_whatever_the_current_directory_holds(monkeypatch,
+                                                                       tmp_path):
+    """`python -c` puts the current directory first on sys.path: a directory holding an
+    eqsat of its own (a checkout, a script named eqsat.py) gave workers that one, which
+    here cannot start, and this process compiled alone for good."""
+    (tmp_path / "eqsat.py").write_text("raise SystemExit(7)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(compile_workers, "_broken", False)
+    monkeypatch.setattr(compile_workers, "MIN_LINES", 0)
+    compile_workers.stop()
+    try:
+        compile_workers.start(1)
+        deadline = time.monotonic() + 60
+        worker = compile_workers._workers[0]
+        while worker.alive() and not worker.usable() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        text = cpu.lower(_program())[0]
+        assert len(jit.unpack_objects(compile_workers.compile_objects(text))) == 2
+    finally:
+        compile_workers.stop()

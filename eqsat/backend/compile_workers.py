@@ -54,7 +54,9 @@ class _Worker:
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", self.COMMAND],
+            # -P: not the current directory first on sys.path (-c puts it there), where an
+            # eqsat of its own (a checkout, a script eqsat.py) stood before this one
+            [sys.executable, "-P", "-c", self.COMMAND],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
             bufsize=0,  # unbuffered: a forked child can drop the pipes without flushing
             # out of the terminal's process group: a Ctrl-C there killed workers still
