@@ -86,7 +86,7 @@ def test_stopping_workers_while_one_has_a_part(workers, monkeypatch):
     monkeypatch.setattr(jit, "compile_object", real)
     assert errors == []
     assert worker.proc.returncode is not None
-    assert worker.proc.stdin.closed and worker.proc.stdout.closed
+    assert worker.proc.stdin.closed and worker.replies.closed
     _check_runs(m, blob)
 
 
@@ -138,7 +138,7 @@ def test_a_worker_that_died_is_let_go_of_when_it_is_replaced(workers):
         _start(1)
         gc.collect()
     assert [str(w.message) for w in caught] == []
-    assert dead.proc.stdin.closed and dead.proc.stdout.closed
+    assert dead.proc.stdin.closed and dead.replies.closed
     assert compile_workers._workers[0] is not dead
 
 
@@ -216,21 +216,21 @@ def test_a_process_on_one_core_starts_no_worker():
 HALF_REPLY = (
     "import os, struct, sys\n"
     "from eqsat.backend.compile_workers import _REQUEST, _REPLY, _READY, _read\n"
-    "out = sys.stdout.buffer; out.write(_READY); out.flush()\n"
+    "out = os.fdopen(int(sys.argv[1]), 'wb', buffering=0); out.write(_READY)\n"
     "size, _, _ = _REQUEST.unpack(_read(sys.stdin.buffer, _REQUEST.size))\n"
     "_read(sys.stdin.buffer, size)\n"
-    "out.write(_REPLY.pack(1, 1 << 20) + b'\\x7fELF'); out.flush()\n"
+    "out.write(_REPLY.pack(1, 1 << 20) + b'\\x7fELF')\n"
     "os._exit(0)\n")
-# One whose stdout is closed once it is ready; it stays alive, reading its requests.
-NO_STDOUT = (
+# One whose reply pipe is closed once it is ready; it stays alive, reading its requests.
+PIPE_CLOSED = (
     "import os, sys, time\n"
     "from eqsat.backend.compile_workers import _READY\n"
-    "sys.stdout.buffer.write(_READY); sys.stdout.buffer.flush(); os.close(1)\n"
+    "os.write(int(sys.argv[1]), _READY); os.close(int(sys.argv[1]))\n"
     "while sys.stdin.buffer.read(1 << 16):\n"
     "    pass\n")
 
 
-@pytest.mark.parametrize("command", [HALF_REPLY, NO_STDOUT], ids=["half-reply", "no-stdout"])
+@pytest.mark.parametrize("command", [HALF_REPLY, PIPE_CLOSED], ids=["half-reply", "pipe-closed"])
 def test_a_worker_that_breaks_off_its_reply(workers, monkeypatch, command):
     """Its part is compiled here and the program runs; the worker is let go of (no process,
     no pipe), and a new one takes its place at the next start."""
@@ -241,7 +241,7 @@ def test_a_worker_that_breaks_off_its_reply(workers, monkeypatch, command):
     m = _program()
     blob = compile_workers.compile_objects(cpu.lower(m)[0])
     _check_runs(m, blob)
-    assert errors == [] and bad.proc.returncode is not None and bad.proc.stdout.closed
+    assert errors == [] and bad.proc.returncode is not None and bad.replies.closed
     monkeypatch.setattr(compile_workers._Worker, "COMMAND", good)
     _start(1)
     assert compile_workers._workers[0] is not bad
@@ -295,3 +295,32 @@ def test_workers_import_this_eqsat_whatever_the_current_directory_holds(monkeypa
         assert len(jit.unpack_objects(compile_workers.compile_objects(text))) == 2
     finally:
         compile_workers.stop()
+
+
+BANNER_SCRIPT = """
+import sys, time
+import eqsat
+from eqsat.backend import compile_workers, cpu, jit
+compile_workers.MIN_LINES = 0
+compile_workers.start(1)
+worker = compile_workers._workers[0]
+deadline = time.monotonic() + 60
+while worker.alive() and not worker.usable() and time.monotonic() < deadline:
+    time.sleep(0.01)
+m = eqsat.differentiate(eqsat.parse(open(sys.argv[1]).read()))
+print(len(jit.unpack_objects(compile_workers.compile_objects(cpu.lower(m)[0]))))
+"""
+
+
+def test_what_a_worker_prints_is_no_reply(tmp_path):
+    """Output a worker's Python prints (here a site's banner: a sitecustomize that prints)
+    went down the pipe its replies took: a banner that starts with R read as 'ready', and
+    the rest as a reply of exabytes (MemoryError in its thread, the part compiled here,
+    the next exchange out of step). Replies have a pipe of their own."""
+    (tmp_path / "sitecustomize.py").write_text("print('Running with the lab site settings')\n")
+    script = BANNER_SCRIPT.replace("compile_workers.start", "sys.stdout.flush(); "
+                                   "compile_workers.start")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", script, str(EXAMPLES / "mlp.eqir")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert (out.stdout, out.stderr) == ("Running with the lab site settings\n2\n", "")

@@ -9,6 +9,8 @@ the MLP training step spends ~0.45 s in LLVM, of which its larger half takes ~0.
 running workers, or for a module too small to pay for the exchange, compiling happens here as
 before; a worker that fails or dies has its part compiled here (where a real error shows). How
 many run: EQSAT_COMPILE_WORKERS, by default one less than the usable cores, at most 3 (0: none).
+A worker answers on a pipe of its own (its file descriptor is its one argument), not on its
+stdout: whatever its Python prints (a site's banner) is no reply.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class WorkerError(Exception):
 
 
 class _Worker:
-    """One worker process and its pipes; used by one compile at a time."""
+    """One worker process, the pipe of its requests (its stdin) and the pipe of its
+    replies; used by one compile at a time."""
 
     COMMAND = "from eqsat.backend.compile_workers import serve; serve()"
 
@@ -53,15 +56,24 @@ class _Worker:
         package_root = str(Path(__file__).resolve().parent.parent.parent)
         path = os.environ.get("PYTHONPATH")
         env = {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
-        self.proc = subprocess.Popen(
-            # -P: not the current directory first on sys.path (-c puts it there), where an
-            # eqsat of its own (a checkout, a script eqsat.py) stood before this one
-            [sys.executable, "-P", "-c", self.COMMAND],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env,
-            bufsize=0,  # unbuffered: a forked child can drop the pipes without flushing
-            # out of the terminal's process group: a Ctrl-C there killed workers still
-            # importing (those that cannot start are not started again)
-            start_new_session=True)
+        read_end, write_end = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                # -P: not the current directory first on sys.path (-c puts it there), where
+                # an eqsat of its own (a checkout, a script eqsat.py) stood before this one
+                [sys.executable, "-P", "-c", self.COMMAND, str(write_end)],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=env, pass_fds=(write_end,),
+                bufsize=0,  # unbuffered: a forked child can drop the pipes without flushing
+                # out of the terminal's process group: a Ctrl-C there killed workers still
+                # importing (those that cannot start are not started again)
+                start_new_session=True)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)
+        self.replies = os.fdopen(read_end, "rb", buffering=0)
         self.busy = threading.Lock()
         self.ready = False
 
@@ -74,8 +86,8 @@ class _Worker:
         Called with `busy` held."""
         if not self.ready and self.alive():
             try:
-                readable, _, _ = select.select([self.proc.stdout], [], [], 0)
-                self.ready = bool(readable) and _read(self.proc.stdout, 1) == _READY
+                readable, _, _ = select.select([self.replies], [], [], 0)
+                self.ready = bool(readable) and _read(self.replies, 1) == _READY
             except (OSError, ValueError, WorkerError):
                 self.ready = False
         return self.ready and self.alive()
@@ -84,10 +96,10 @@ class _Worker:
         """The object file of `text` (attributes applied) compiled by this worker."""
         data = text.encode()
         try:
-            assert self.proc.stdin is not None and self.proc.stdout is not None
+            assert self.proc.stdin is not None
             _write(self.proc.stdin, _REQUEST.pack(len(data), level, int(unroll)) + data)
-            ok, size = _REPLY.unpack(_read(self.proc.stdout, _REPLY.size))
-            payload = _read(self.proc.stdout, size)
+            ok, size = _REPLY.unpack(_read(self.replies, _REPLY.size))
+            payload = _read(self.replies, size)
         except (OSError, ValueError, WorkerError) as e:  # ValueError: `stop` closed its pipes
             self.discard()  # never reused: its pipes may hold half an exchange
             raise WorkerError(f"the compile worker failed: {e}") from e
@@ -110,7 +122,7 @@ class _Worker:
         self._close_pipes()
 
     def _close_pipes(self) -> None:
-        for pipe in (self.proc.stdin, self.proc.stdout):
+        for pipe in (self.proc.stdin, self.replies):
             if pipe is not None:
                 pipe.close()
 
@@ -126,7 +138,7 @@ def _read(pipe: Any, size: int) -> bytes:
     """Exactly `size` bytes from a raw pipe; WorkerError where it ends first."""
     chunks, left = [], size
     while left:
-        chunk = pipe.read(left)
+        chunk = pipe.read(min(left, 1 << 20))  # never a buffer of the size a reply claims
         if not chunk:
             raise WorkerError("the compile worker exited")
         chunks.append(chunk)
@@ -269,10 +281,11 @@ def compile_objects(text: str) -> bytes:
 
 
 def serve() -> None:
-    """A worker's loop: compile each request on stdin, answer on stdout, until stdin closes."""
+    """A worker's loop: compile each request on stdin, answer on the pipe whose file
+    descriptor is its argument, until stdin closes."""
     # an interrupt is the parent's to handle; a worker ends when the parent closes its stdin
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
+    inp, out = sys.stdin.buffer, os.fdopen(int(sys.argv[1]), "wb", buffering=0)
     jit.target_machine()
     out.write(_READY)
     out.flush()
@@ -298,7 +311,7 @@ def _forget_after_fork() -> None:
     global _lock
     _lock = threading.Lock()
     for w in _workers:
-        for pipe in (w.proc.stdin, w.proc.stdout):
+        for pipe in (w.proc.stdin, w.replies):
             if pipe is not None:
                 pipe.close()
     _workers.clear()
