@@ -324,3 +324,14 @@ def test_what_a_worker_prints_is_no_reply(tmp_path):
     out = subprocess.run([sys.executable, "-c", script, str(EXAMPLES / "mlp.eqir")], env=env,
                          capture_output=True, text=True, timeout=120)
     assert (out.stdout, out.stderr) == ("Running with the lab site settings\n2\n", "")
+
+
+def test_stopping_workers_still_starting_does_not_wait_for_them():
+    """stop() (at every interpreter exit) closed the stdin of workers still importing eqsat
+    and waited for them to notice, up to 2 s each: a short script that compiled once took
+    that much longer to exit. They are killed: they hold nothing yet."""
+    compile_workers.stop()
+    compile_workers.start(3)
+    t0 = time.perf_counter()
+    compile_workers.stop()
+    assert time.perf_counter() - t0 < 0.3

@@ -108,7 +108,11 @@ class _Worker:
         return payload
 
     def close(self) -> None:
-        """End the worker: it exits when its stdin closes."""
+        """End the worker: one ready exits when its stdin closes; one still starting (it
+        would notice only once it has imported eqsat) is killed, as it holds nothing yet."""
+        if not self.usable():
+            self.discard()
+            return
         self._close_pipes()
         try:
             self.proc.wait(timeout=2)
