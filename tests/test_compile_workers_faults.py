@@ -6,6 +6,7 @@ compiles to what the interpreter computes, and nothing is printed."""
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import sys
 import threading
 import time
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -335,3 +337,58 @@ def test_stopping_workers_still_starting_does_not_wait_for_them():
     t0 = time.perf_counter()
     compile_workers.stop()
     assert time.perf_counter() - t0 < 0.3
+
+
+def test_an_interrupt_during_the_local_part_then_compiling_again(workers, monkeypatch):
+    """Ctrl-C while this process compiles its part and a worker compiles another: the
+    worker's reply goes to the interrupted compile's thread, never to a later compile, and
+    every later program runs right."""
+    errors = workers(1)
+    worker = compile_workers._workers[0]
+    real = jit.compile_object
+
+    def interrupted(text: str) -> bytes:
+        raise KeyboardInterrupt
+
+    mlp, transformer = _program("mlp.eqir"), _program("transformer.eqir")
+    monkeypatch.setattr(jit, "compile_object", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        compile_workers.compile_objects(cpu.lower(transformer)[0])
+    monkeypatch.setattr(jit, "compile_object", real)
+    _check_runs(mlp, compile_workers.compile_objects(cpu.lower(mlp)[0]))
+    deadline = time.monotonic() + 60
+    while worker.busy.locked():
+        assert time.monotonic() < deadline, "the worker stayed busy"
+        time.sleep(0.01)
+    blob = compile_workers.compile_objects(cpu.lower(mlp)[0])
+    assert len(jit.unpack_objects(blob)) == 2 and errors == []
+    _check_runs(mlp, blob)
+
+
+def _compile_and_check(n: int) -> int:
+    """A pool task: compile a program of its own (workers of this process, started here
+    where it has none) and check it against the interpreter; returns the parts it had."""
+    compile_workers.MIN_LINES = 0
+    _start(1)
+    m = eqsat.differentiate(eqsat.parse(
+        (EXAMPLES / "mlp.eqir").read_text().replace("128", str(8 + n))))
+    blob = compile_workers.compile_objects(cpu.lower(m)[0])
+    _check_runs(m, blob)
+    return len(jit.unpack_objects(blob))
+
+
+def test_threads_compiling_at_once_with_workers(workers):
+    workers(2)
+    with ThreadPoolExecutor(4) as pool:
+        assert set(pool.map(_compile_and_check, range(8))) <= {1, 2, 3}
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_process_pool_compiling_with_workers_started_here_first(workers, method):
+    """Workers started in this process first: a forked child closes its copies of their
+    pipes and starts workers of its own; a spawned one starts its own."""
+    workers(1)
+    _compile_and_check(0)
+    with multiprocessing.get_context(method).Pool(2) as pool:
+        assert pool.map(_compile_and_check, range(1, 5)) == [2] * 4
+    assert _compile_and_check(5) == 2
