@@ -117,12 +117,13 @@ started.wait()
 
 def test_the_interpreter_exits_while_a_daemon_thread_compiles_with_workers():
     """A daemon thread compiling (its own part in LLVM, another part in a worker) when the
-    main thread ends: the process exits cleanly and says nothing. Exit ran LLVM's static
-    destructors under the thread's pass pipeline (a segfault, or an LLVM assertion), after a
+    main thread ends: the process exits cleanly and says nothing. Exit tore down LLVM's global
+    state under the thread's pass pipeline (a segfault, or an LLVM assertion), after a
     traceback of the thread whose worker exit stopped."""
     for _ in range(2):
         t0 = time.monotonic()
-        out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(EXAMPLES / "transformer.eqir")],
+        out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT,
+                              str(EXAMPLES / "transformer.eqir")],
                              capture_output=True, text=True, timeout=120)
         assert (out.returncode, out.stderr) == (0, "")
         assert time.monotonic() - t0 < 60
