@@ -193,3 +193,19 @@ def test_optimizing_in_a_process_forked_after_optimizing_says_why_it_cannot():
              "        print(type(e).__name__, 'spawn' in str(e), flush=True)")
     out = _fork(child)
     assert (out.stdout, out.stderr) == ("ForkedProcessError True\n0\nTrue\n", "")
+
+
+def test_clear_in_a_child_forked_while_another_thread_clears():
+    """The lock of clear() held by another thread at the fork stayed held in the child."""
+    script = ("import os, threading\n"
+              "from eqsat.rules import egraph_pool\n"
+              "egraph_pool._generation_lock.acquire()  # another thread, in clear()\n"
+              "pid = os.fork()\n"
+              "if pid == 0:\n"
+              "    threading.Timer(5, os._exit, (1,)).start()\n"
+              "    egraph_pool.clear()\n"
+              "    os._exit(0)\n"
+              "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=60)
+    assert (out.stdout, out.stderr) == ("0\n", "")

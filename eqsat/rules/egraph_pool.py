@@ -132,9 +132,11 @@ def clear() -> None:
 def _forget_after_fork() -> None:
     """In a forked child: the e-graphs this thread kept in the parent are never used (egglog
     could not free what a module adds to them) nor freed (see the module docstring), and
-    where the parent ran egglog, no e-graph is made here."""
-    global _forked_after_use
+    where the parent ran egglog, no e-graph is made here. Another thread of the parent may
+    have held the lock of `clear`: the child gets one of its own."""
+    global _forked_after_use, _generation_lock
     _forked_after_use = _forked_after_use or _made
+    _generation_lock = threading.Lock()
     _local.natives.clear()
 
 
