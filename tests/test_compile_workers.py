@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import llvmlite.binding as llvm
@@ -19,6 +18,7 @@ from eqsat.backend import compile_module, compile_workers, cpu, jit, llvm_split
 from eqsat.ir.samples import random_arguments
 
 from cpu_helpers import assert_matches
+from worker_helpers import start_ready
 
 EXAMPLES = Path(eqsat.__file__).parent / "examples"
 
@@ -33,15 +33,6 @@ def _defined(text: str) -> dict[str, bool]:
             for m in re.finditer(r'^define (internal )?[^@]*@"([^"]+)"', text, re.M)}
 
 
-def _start(count: int) -> None:
-    """Start `count` workers and wait until they take requests."""
-    compile_workers.start(count)
-    deadline = time.monotonic() + 60
-    while not all(w.usable() for w in compile_workers._workers):
-        assert time.monotonic() < deadline, "compile workers did not start"
-        time.sleep(0.01)
-
-
 @pytest.fixture
 def workers(monkeypatch):
     """Compile workers running, every module large enough to split; stopped afterwards."""
@@ -49,7 +40,7 @@ def workers(monkeypatch):
 
     def run(count: int) -> None:
         compile_workers.stop()
-        _start(count)
+        start_ready(count)
     yield run
     compile_workers.stop()
 
@@ -133,7 +124,7 @@ def test_a_dead_worker_is_replaced_by_compiling_here(workers):
     compile_workers._workers[0].proc.wait()
     m = _program("mlp.eqir")
     assert len(jit.unpack_objects(_object(m))) == 1  # no worker alive: one object, here
-    _start(1)
+    start_ready(1)
     assert len(jit.unpack_objects(_object(m))) == 2
 
 
@@ -211,7 +202,7 @@ def test_a_forked_child_compiles_with_workers_of_its_own(workers):
         ok = 0
         try:
             ok = int(compile_workers._workers == [])
-            _start(1)
+            start_ready(1)
             ok &= int(len(jit.unpack_objects(_object(m))) == 2)
             compile_workers.stop()
         finally:

@@ -25,21 +25,13 @@ from eqsat.backend import compile_workers, cpu, jit
 from eqsat.ir.samples import random_arguments
 
 from cpu_helpers import assert_matches
+from worker_helpers import start_ready
 
 EXAMPLES = Path(eqsat.__file__).parent / "examples"
 
 
 def _program(name: str = "mlp.eqir") -> eqsat.Module:
     return eqsat.differentiate(eqsat.parse((EXAMPLES / name).read_text()))
-
-
-def _start(count: int) -> None:
-    """Start `count` workers and wait until they take requests."""
-    compile_workers.start(count)
-    deadline = time.monotonic() + 60
-    while not all(w.usable() for w in compile_workers._workers):
-        assert time.monotonic() < deadline, "compile workers did not start"
-        time.sleep(0.01)
 
 
 @pytest.fixture
@@ -52,7 +44,7 @@ def workers(monkeypatch):
 
     def run(count: int) -> list[BaseException]:
         compile_workers.stop()
-        _start(count)
+        start_ready(count)
         return errors
     yield run
     compile_workers.stop()
@@ -138,7 +130,7 @@ def test_a_worker_that_died_is_let_go_of_when_it_is_replaced(workers):
     dead.proc.wait()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ResourceWarning)
-        _start(1)
+        start_ready(1)
         gc.collect()
     assert [str(w.message) for w in caught] == []
     assert dead.proc.stdin.closed and dead.replies.closed
@@ -246,7 +238,7 @@ def test_a_worker_that_breaks_off_its_reply(workers, monkeypatch, command):
     _check_runs(m, blob)
     assert errors == [] and bad.proc.returncode is not None and bad.replies.closed
     monkeypatch.setattr(compile_workers._Worker, "COMMAND", good)
-    _start(1)
+    start_ready(1)
     assert compile_workers._workers[0] is not bad
     assert len(jit.unpack_objects(compile_workers.compile_objects(cpu.lower(m)[0]))) == 2
 
@@ -370,7 +362,7 @@ def _compile_and_check(n: int) -> int:
     """A pool task: compile a program of its own (workers of this process, started here
     where it has none) and check it against the interpreter; returns the parts it had."""
     compile_workers.MIN_LINES = 0
-    _start(1)
+    start_ready(1)
     m = eqsat.differentiate(eqsat.parse(
         (EXAMPLES / "mlp.eqir").read_text().replace("128", str(8 + n))))
     blob = compile_workers.compile_objects(cpu.lower(m)[0])
