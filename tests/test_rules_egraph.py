@@ -148,6 +148,30 @@ def test_folding_rounds_as_the_dtype_does():
     np.testing.assert_array_equal(s, np.full(2, np.inf, np.float32))
 
 
+SOFTMAX = """func @f(%x: f32[4,8]) -> f32[4,8] {
+  %m = max %x, axes=[1] : f32[4]
+  %m1 = reshape %m : f32[4,1]
+  %mb = broadcast %m1 : f32[4,8]
+  %d = sub %x, %mb : f32[4,8]
+  %e = exp %d : f32[4,8]
+  %s = sum %e, axes=[1] : f32[4]
+  %s1 = reshape %s : f32[4,1]
+  %sb = broadcast %s1 : f32[4,8]
+  %y = div %e, %sb : f32[4,8]
+  return %y
+}"""
+
+
+def test_saturation_ends_at_the_first_round_whose_rewrites_change_nothing():
+    """A round is the analysis to its fixpoint, then one rewrite iteration; the analysis's own
+    changes (typing what the last round made) counted as progress too, so softmax's core ops
+    ran a fourth round that matched nothing after a third that already had."""
+    _, report = saturate(eqsat.parse(SOFTMAX), default())
+    assert report.stop_reason == "saturated"
+    matched = [sum(r.matches.values()) for r in report.rounds]
+    assert matched[-1] == 0 and all(matched[:-1]), matched
+
+
 def _sum_chain(k):
     lines = ["module @ac", "func @f(" + ", ".join(f"%x{i}: f32[2]" for i in range(k))
              + ") -> f32[2] {", "  %s0 = add %x0, %x1 : f32[2]"]
