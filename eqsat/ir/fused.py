@@ -124,10 +124,13 @@ Signature = tuple[tuple[DType | None, ...], DType]
 
 
 @functools.lru_cache(maxsize=1024)
-def body_signatures(body: Expr, n: int) -> tuple[Signature, ...]:
-    """Every assignment of dtypes to the `n` inputs of `body` under which it types (with no
-    expected dtype, as a map_reduce body), and the dtype it then computes; an input the body
-    does not read is None (any dtype). The body's type rule as a finite table, for the e-graph,
+def body_signatures(body: Expr, n: int, expect: str | None = None) -> tuple[Signature, ...]:
+    """Every assignment of dtypes to the `n` inputs of `body` under which it types, and the
+    dtype it then computes; an input the body does not read is None (any dtype). `expect`
+    says what types a constant nothing else fixes, as the op holding the body does: None
+    (a map_reduce: nothing, such a body does not type), "result" (a map: its written dtype,
+    which the body must compute; a signature per such dtype) or "first" (a matmul_epi: its
+    product's, input 0). The body's type rule as a finite table, for the e-graph,
     which cannot run `check_body`. Empty for a malformed body, or one with more than
     MAX_SIGNATURE_GROUPS groups: the operands of one op (conditions aside) share a dtype in
     every elementwise op of the table, so inputs are enumerated per such group, and
@@ -155,7 +158,9 @@ def body_signatures(body: Expr, n: int) -> tuple[Signature, ...]:
     if depth(body) > MAX_DEPTH or _body_malformed(body, n):
         return ()
     walk(body)
-    used = body_args(body)
+    used = set(body_args(body))
+    if expect == "first" and n:
+        used.add(0)  # the product's dtype types the constants even where $0 is not read
     groups = sorted({find(i) for i in used})
     if len(groups) > MAX_SIGNATURE_GROUPS:
         return ()
@@ -163,11 +168,15 @@ def body_signatures(body: Expr, n: int) -> tuple[Signature, ...]:
     for choice in itertools.product(list(DType), repeat=len(groups)):
         pick = dict(zip(groups, choice))
         dtypes = [pick[find(i)] if i in used else DType.f32 for i in range(n)]
-        try:
-            result = check_body(body, dtypes)
-        except OpTypeError:
-            continue
-        out.append((tuple(d if i in used else None for i, d in enumerate(dtypes)), result))
+        ins = tuple(d if i in used else None for i, d in enumerate(dtypes))
+        expected = {None: [None], "result": list(DType), "first": dtypes[:1]}[expect]
+        for want in expected:
+            try:
+                result = check_body(body, dtypes, want)
+            except OpTypeError:
+                continue
+            if expect != "result" or result is want:
+                out.append((ins, result))
     return tuple(out)
 
 

@@ -8,6 +8,7 @@ The broadcast rules are generated from the op table, one per elementwise op.
 from __future__ import annotations
 
 from .lang import RuleSet, parse, through_elementwise
+from .typing import declare_well_typed
 
 IDENTITIES = """
 rule mul_one: mul(?x, const(1.0)) => ?x
@@ -91,4 +92,4 @@ def algebraic() -> RuleSet:
     """The algebraic rule set (identities, distributivity, matmul, broadcast, folding)."""
     text = "\n".join([IDENTITIES, POWERS, DISTRIBUTIVITY, MATMUL, BROADCAST, _broadcast_rules(),
                       _folding_rules()])
-    return parse(text, "algebraic")
+    return declare_well_typed(parse(text, "algebraic"))

@@ -6,8 +6,10 @@ between variables often, so that guards and matmul chains are satisfiable), attr
 open, and values in [-4, 4] mixed with 0, -0, 1, -1 and tiny/negative numbers. Instances whose
 left side does not verify or whose condition is false are redrawn. Both sides become IR
 functions, run by the reference interpreter, and are compared (float tolerance scaled to the
-magnitudes involved; NaN must match NaN). A right side that does not verify, or a difference,
-raises `UnsoundRule` with the rule name and the counterexample. A right side's computed int
+magnitudes involved; NaN must match NaN). A right side that does not type as the left side
+does (optimize skips such an instance), or a difference, raises `UnsoundRule` with the rule
+name and the counterexample; a difference first, and a rule whose sides type together on no
+instance drawn is said never to apply. A right side's computed int
 lists (`shape=permute(?s, ?p)`, `lpad(shape(?x), ?s)`) are evaluated by the reference semantics
 of `lang.SHAPE_FNS`; where one is undefined the rule would not fire, so the instance is
 redrawn. The check is of real-number identities over a bounded range: floating-point overflow
@@ -17,13 +19,14 @@ module compares the two sides, looks for a smaller counterexample and reports it
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import Error, LocatedError, UnsoundRule
 from ..ir.interpreter import interpret_function
-from ..ir.module import Function
+from ..ir.module import Function, Module
 from ..ir.printer import format_stmt
 from ..ir.verifier import verify
 from .check_draw import IllTyped, Instance, Reject, Undrawable, instantiate, too_large
@@ -54,30 +57,66 @@ def _close(a: np.ndarray, b: np.ndarray, scale: float) -> bool:
                                 rtol=rtol, atol=rtol * scale))
 
 
-# Further seeds tried once a rule fails, for a counterexample with fewer input elements.
+# Further seeds tried once a rule fails, for a counterexample with fewer input elements and
+# to tell a rule that is ill-typed on some instances from one that types on none.
 SMALLER_DRAWS = 30
+# Instances where the two sides do not type together that one seed draws before it gives up
+# looking for one where they do.
+_ILL_TYPED_DRAWS = 20
 
 
-def _try_seed(rule: Rule, seed: int, ieee: bool) -> tuple[bool, UnsoundRule | None]:
-    """Instantiate `rule` from `seed` and compare its sides: whether an instance was found,
-    and the error (with `.elements`, its inputs' total size, and `.ill_typed`) where they
-    differ."""
+@dataclass
+class _Seed:
+    """What one seed found: an instance where the two sides type together (`typed`), one
+    where they then differ (`unsound`), and the first where they do not type together."""
+
+    typed: bool = False
+    unsound: UnsoundRule | None = None
+    ill: UnsoundRule | None = None
+
+
+def _try_seed(rule: Rule, seed: int, ieee: bool) -> _Seed:
+    """Instantiate `rule` from `seed` and compare its sides, drawing past instances where they
+    do not type together (optimize skips those, but check reports them too) until one where
+    they do; errors carry `.elements`, their inputs' total size, and `.ill_typed`."""
     rng = random.Random(seed)
+    out = _Seed()
+    ill = 0
     for _ in range(_ATTEMPTS):
         try:
             module, arrays, inst = instantiate(rule, rng, ieee)
-            break
         except Reject:
             continue
         except IllTyped as e:
-            return False, _ill_typed(rule, str(e), e.module["lhs"], e.arrays, e.inst)
-    else:
-        return False, None
+            err = _ill_typed(rule, str(e), e.module["lhs"], e.arrays, e.inst)
+        else:
+            why = _type_problem(module)
+            if why is None:
+                out.typed, out.unsound = True, _compare(rule, module, arrays, inst)
+                return out
+            err = _ill_typed(rule, why, module["lhs"], arrays, inst)
+        out.ill = out.ill or err
+        ill += 1
+        if ill >= _ILL_TYPED_DRAWS:
+            break
+    return out
+
+
+def _type_problem(module: Module) -> str | None:
+    """Why the right side of an instance does not type as its left side does, or None."""
     try:
         verify(module)
     except Error as e:
-        why = e.message if isinstance(e, LocatedError) else str(e)  # in no text of theirs
-        return True, _ill_typed(rule, why, module["lhs"], arrays, inst)
+        return e.message if isinstance(e, LocatedError) else str(e)  # in no text of theirs
+    (left,), (right,) = module["lhs"].result_types, module["rhs"].result_types
+    if left != right:
+        return f"it gives {right} where the left-hand side gives {left}"
+    return None
+
+
+def _compare(rule: Rule, module: Module, arrays: list[np.ndarray], inst: Instance
+             ) -> UnsoundRule | None:
+    """The error where the two sides of a typed instance give different values, or None."""
     (left,) = interpret_function(module, "lhs", *arrays)
     (right,) = interpret_function(module, "rhs", *arrays)
     with np.errstate(all="ignore"):
@@ -87,16 +126,20 @@ def _try_seed(rule: Rule, seed: int, ieee: bool) -> tuple[bool, UnsoundRule | No
     largest = max([1.0] + finite)
     scale = largest ** 2 if largest < 1e150 else 1e300
     if not _close(left, right, scale):
-        return True, _unsound(f"rule {rule.name} is unsound: {rule}\n  counterexample: "
-                              f"{_describe(module['lhs'], arrays, inst)}\n  left side gives "
-                              f"{_fmt(left)}\n  right side gives {_fmt(right)}", arrays, False)
-    return True, None
+        return _unsound(f"rule {rule.name} is unsound: {rule}\n  counterexample: "
+                        f"{_describe(module['lhs'], arrays, inst)}\n  left side gives "
+                        f"{_fmt(left)}\n  right side gives {_fmt(right)}", arrays, False)
+    return None
+
+
+_SKIPPED = ("\n  optimize skips such an instance; a condition (say `if dtype(?x) == f32`) "
+            "can keep the rule to those where it types")
 
 
 def _ill_typed(rule: Rule, why: str, lhs: Function, arrays: list[np.ndarray],
                inst: Instance | None) -> UnsoundRule:
     return _unsound(f"rule {rule.name}: the right-hand side is ill-typed: {why}\n"
-                    f"  counterexample: {_describe(lhs, arrays, inst)}", arrays, True)
+                    f"  counterexample: {_describe(lhs, arrays, inst)}{_SKIPPED}", arrays, True)
 
 
 def _unsound(message: str, arrays: list[np.ndarray], ill_typed: bool) -> UnsoundRule:
@@ -105,20 +148,38 @@ def _unsound(message: str, arrays: list[np.ndarray], ill_typed: bool) -> Unsound
     return err
 
 
-def _smaller(rule: Rule, first: UnsoundRule, ieee: bool) -> UnsoundRule:
-    """`first`, or the failure with the fewest input elements among SMALLER_DRAWS further
-    seeds (drawn from the failing one, so a derandomized check stays deterministic) that fail
-    the same way: a 2-element counterexample reads better than a 27-element one."""
-    best = first
+def _never_types(rule: Rule, example: UnsoundRule) -> UnsoundRule:
+    """The error for a rule whose two sides typed together on no instance drawn: optimize
+    skips every such instance, so the rule would never apply; `example` shows one."""
+    why = str(example).split(": the right-hand side is ill-typed: ", 1)[1].removesuffix(_SKIPPED)
+    err = UnsoundRule(f"rule {rule.name} never applies: its two sides type together on none "
+                      f"of the instances drawn, and optimize skips an instance where they do "
+                      f"not; the right-hand side is ill-typed: {why}")
+    err.elements, err.ill_typed = example.elements, True
+    return err
+
+
+def _smaller(rule: Rule, first: UnsoundRule, typed: bool, ieee: bool) -> UnsoundRule:
+    """What to report once `first` failed (`typed`: its seed drew an instance where the sides
+    type together): among it and SMALLER_DRAWS further seeds (drawn from the failing one, so a
+    derandomized check stays deterministic), the smallest instance where the sides type
+    together but differ (the rule is unsound), else the smallest where they do not type
+    together, said to be the only kind drawn where no instance typed (the rule never
+    applies): a 2-element counterexample reads better than a 27-element one."""
+    unsound = [] if first.ill_typed else [first]
+    ill = [first] if first.ill_typed else []
     rng = random.Random(getattr(first, "seed", 0))
     for _ in range(SMALLER_DRAWS):
-        if best.elements <= 1:
+        if unsound and min(e.elements for e in unsound) <= 1:
             break
-        _, err = _try_seed(rule, rng.getrandbits(32), ieee)
-        if err is not None and err.ill_typed == first.ill_typed \
-                and err.elements < best.elements:
-            best = err
-    return best
+        found = _try_seed(rule, rng.getrandbits(32), ieee)
+        typed = typed or found.typed
+        unsound += [found.unsound] if found.unsound else []
+        ill += [found.ill] if found.ill else []
+    if unsound:
+        return min(unsound, key=lambda e: e.elements)
+    best = min(ill, key=lambda e: e.elements)
+    return best if typed else _never_types(rule, best)
 
 
 def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True,
@@ -149,17 +210,18 @@ def check_rule(rule: Rule, examples: int = 40, derandomize: bool = True,
               phases=[Phase.explicit, Phase.generate])
     @given(st.integers(0, 2**32 - 1))
     def run(seed: int) -> None:
-        hit, err = _try_seed(rule, seed, ieee)
-        found[0] += hit
+        drawn = _try_seed(rule, seed, ieee)
+        found[0] += drawn.typed or drawn.ill is not None
+        err = drawn.unsound or drawn.ill
         if err is not None:
-            err.seed = seed
+            err.seed, err.typed = seed, drawn.typed
             raise err
 
     try:
         try:
             run()
         except UnsoundRule as first:
-            raise _smaller(rule, first, ieee) from None
+            raise _smaller(rule, first, first.typed, ieee) from None
     except Undrawable as e:
         raise CheckError(f"rule {rule.name}: check cannot draw the open attribute {e} (it draws "
                          f"tensors, shapes, axes, perms and reductions, not kernel bodies); "

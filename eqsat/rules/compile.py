@@ -7,6 +7,9 @@ fails (a division by zero, a missing shape) simply does not fire. A computed int
 `shape(?x)` is ?x's entry in the `shape` table), which the
 analysis fills only on demand: each one also gets a companion analysis rule that matches the
 same left side and asks for the value, so it is ready before the rewrite runs.
+A rule not declared well-typed (`typing.declare_well_typed`: the built-in families) is no
+egglog `rewrite`: it adds its right side to `typed-union` (see schema), and the bodies of the
+kernels it makes are typed by analysis rules of its own (`body-types`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ..ir.types import DTYPES
 from . import schema
 from .bridge import _float, _vec
 from .lang import Cond, Fn, Node, Num, Pattern, Rule, RuleSet, ShapeFn, Var
+from .typing import is_well_typed
 
 
 def _v(name: str) -> str:
@@ -239,59 +243,54 @@ def _cons(items: list[str]) -> str:
     return out
 
 
+# Kernel ops whose dtype is their body's, and what types a constant nothing else fixes in it
+# (`fused.body_signatures`): the written dtype of a map, the product's of a matmul_epi.
+_KERNELS = {"map": "result", "map_reduce": None, "matmul_epi": "first"}
+
+
 def _kernels(p: Pattern) -> list[Node]:
-    """The map_reduce nodes of a right-hand side: their dtype is their body's."""
+    """The kernel nodes of a right-hand side: their dtype is their body's."""
     if not isinstance(p, Node):
         return []
-    own = [p] if p.op == "map_reduce" else []
+    own = [p] if p.op in _KERNELS else []
     return own + [k for a in p.args for k in _kernels(a)]
 
 
-def _kernel_dtypes(rule: Rule) -> list[str]:
-    """Analysis rules typing the map_reduce kernels that `rule` makes, one per signature of
+def _body_types(rule: Rule) -> list[str]:
+    """Analysis rules typing the bodies of the kernels that `rule` makes, one per signature of
     each body (`fused.body_signatures`): egglog cannot type a body, so each body's type rule
-    is spelled out as the input dtypes it types on and the dtype it computes there."""
+    is spelled out as the operand dtypes it types on and the dtype it computes there, in
+    `body-types` (operands, body, the dtype it is expected to compute or "", that dtype)."""
     out: list[str] = []
     seen: set[tuple] = set()
     for k in _kernels(rule.rhs):
-        body, n = k.attr["body"], len(k.args)
-        if (body, n) in seen:
+        body, n, expect = k.attr["body"], len(k.args), _KERNELS[k.op]
+        if (k.op, body, n) in seen:
             continue
-        seen.add((body, n))
+        seen.add((k.op, body, n))
         xs = [f"x{i}" for i in range(n)]
-        node = f"({schema.ctor('map_reduce')} {_cons(xs)} {json.dumps(format_body(body))} rd ax)"
-        for ins, result in body_signatures(body, n):
-            facts = [f'(= (dtype {x}) "{d}")' for x, d in zip(xs, ins) if d is not None]
-            if not result.is_numeric:
-                facts.append('(!= rd "sum")')  # a sum of bools is no map_reduce
-            out.append(f"(rule ((= t {node}) {' '.join(facts)}) ((set (dtype t) \"{result}\")) "
-                       f':ruleset {schema.ANALYSIS} :name "{rule.name}/dtype{len(out)}")')
+        ins = [xs[0]] + xs[2:] if k.op == "matmul_epi" else xs
+        text = json.dumps(format_body(body))
+        enc = schema.encodings()[k.op]
+        slots = [text if name == "body" else f"_a{i}" for i, (name, _) in enumerate(enc.attrs)]
+        node = f"({schema.ctor(k.op)} l {' '.join(slots)}{' _wd _ws' if enc.written else ''})"
+        for sig, result in body_signatures(body, len(ins), expect):
+            facts = " ".join(f'(= (dtype {x}) "{d}")' for x, d in zip(ins, sig) if d is not None)
+            want = f'"{result}"' if expect == "result" else '""'
+            out.append(f"(rule ((= _t {node}) (= l {_cons(xs)}) {facts}) "
+                       f'((body-types l {text} {want} "{result}")) '
+                       f':ruleset {schema.ANALYSIS} :name "{rule.name}/body{len(out)}")')
     return out
 
 
-def _subterms(term: str, ctor: str) -> list[str]:
-    """The subterms of egglog term text whose constructor is `ctor`, as written."""
-    out, at = [], term.find(f"({ctor} ")
-    while at >= 0:
-        depth, end, quoted = 0, at, False
-        for end in range(at, len(term)):
-            ch = term[end]
-            if ch == '"' and term[end - 1] != "\\":
-                quoted = not quoted
-            elif not quoted and ch in "()":
-                depth += 1 if ch == "(" else -1
-                if depth == 0:
-                    break
-        out.append(term[at:end + 1])
-        at = term.find(f"({ctor} ", at + 1)
-    return out
-
-
-def compile_rule(rule: Rule) -> str:
+def compile_rule(rule: Rule, typed: bool | None = None) -> str:
     """The egglog commands for one rule (in the analysis or the rewrite ruleset): the rewrite,
     preceded by the analysis rules that compute its shape functions' values and type the
-    kernels it makes. A rule making a map_reduce adds its right side to `typed-union`, which
-    unions it with the left side once their types agree (see schema)."""
+    bodies of the kernels it makes. A typed rule (by default, one not declared well-typed:
+    `typing.declare_well_typed`) adds its right side to `typed-union`, which unions it with
+    the left side only where both are typed alike (see schema), so an instance that would
+    not type is skipped; the others are plain egglog rewrites."""
+    typed = not is_well_typed(rule) if typed is None else typed
     c = _Compiler(rule)
     lhs = c.lhs(rule.lhs)
     for cond in rule.conds:
@@ -300,16 +299,16 @@ def compile_rule(rule: Rule) -> str:
     ruleset = schema.ANALYSIS if rule.kind == "analysis" else schema.REWRITE
     needs = [f"(rule ((= _root {lhs}) {' '.join(facts)}) ({action}) :ruleset {schema.ANALYSIS} "
              f':name "{rule.name}/need{i}")' for i, (facts, action) in enumerate(c.demands)]
-    if _kernels(rule.rhs):
-        marks = " ".join(f"(typed-kernel {k})" for k in _subterms(rhs, schema.ctor("map_reduce")))
-        return "\n".join(needs + _kernel_dtypes(rule) + [
-            f"(rule ((= _root {lhs}) {' '.join(c.facts)}) ((typed-union _root {rhs}) {marks}) "
+    if typed:
+        return "\n".join(needs + _body_types(rule) + [
+            f"(rule ((= _root {lhs}) {' '.join(c.facts)}) ((typed-union _root {rhs})) "
             f':ruleset {ruleset} :name "{rule.name}")'])
     when = f" :when ({' '.join(c.facts)})" if c.facts else ""
-    return "\n".join(needs + [f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} '
-                               f':name "{rule.name}")'])
+    return "\n".join(needs + [
+        f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} :name "{rule.name}")'])
 
 
 def compile_ruleset(rules: RuleSet) -> str:
-    """The egglog program for a whole rule set."""
+    """The egglog program for a whole rule set: the typed step for every rule not declared
+    well-typed (`typing.declare_well_typed`)."""
     return "\n".join(compile_rule(r) for r in rules)

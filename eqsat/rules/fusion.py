@@ -19,6 +19,7 @@ from ..ir.scalar_expr import elementwise_body
 from .fusion_pass import FusionPass
 from .lang import Rule, RuleSet, op, var
 from .runner import register_pass
+from .typing import declare_well_typed
 
 
 def _lift(name: str) -> list[Rule]:
@@ -40,7 +41,8 @@ def lift_rules() -> RuleSet:
     """An elementwise op reading a broadcast becomes a `map` reading the broadcast's input, for
     each unary and binary op of the table (`lift_tanh: tanh(broadcast(?x, shape=?s, dtype=?d))
     => map(?x, body=tanh($0), shape=?s, dtype=?d)`)."""
-    return RuleSet([r for name in sorted(UNARY | BINARY) for r in _lift(name)], "fusion")
+    return declare_well_typed(
+        RuleSet([r for name in sorted(UNARY | BINARY) for r in _lift(name)], "fusion"))
 
 
 _PASS = FusionPass(frozenset(lift_rules().names()))

@@ -9,9 +9,10 @@ side matches anything. Ops whose result type is written (broadcast, reshape, cas
 of that value (`const(1)` an integer one); `const(?c)` binds its value, and a right-hand const
 may compute one: `const(?a + ?b, like=?x)`, `const(size(?s), like=?x)`.
 The kernel ops `map`, `map_reduce` and `matmul_epi` take `body=` a scalar body in the IR's
-syntax: `map(?x, body=tanh($0), like=?x)`; a right-hand `map_reduce` has no written type (the
-e-graph computes it from its operands, axes and body) and needs its body written out:
-`map_reduce(?x, body=exp($0), reduce=sum, axes=[1])`.
+syntax: `map(?x, body=tanh($0), like=?x)`; a right-hand kernel needs its body written out (the
+e-graph types it by its body), and a right-hand `map_reduce` has no written type (the e-graph
+computes it from its operands, axes and body): `map_reduce(?x, body=exp($0), reduce=sum,
+axes=[1])`.
 A right-hand int-list attribute (`shape=`, `perm=`, ...) may be computed from int lists bound
 on the left (`?s`, `?p`) or written (`[1,0]`) by the functions of `SHAPE_FNS`:
 `shape=permute(?s, ?p)` (`?s` reordered by `?p`, as a transpose reorders a shape) and

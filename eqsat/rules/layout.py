@@ -15,6 +15,7 @@ transpose is not), and a scalar's broadcast drops the transpose entirely.
 from __future__ import annotations
 
 from .lang import RuleSet, parse, through_elementwise
+from .typing import declare_well_typed
 
 CHAINS = """
 rule transpose_transpose: transpose(transpose(?x, perm=[1,0]), perm=[1,0]) => ?x
@@ -70,5 +71,5 @@ def _through_elementwise() -> str:
 def layout() -> RuleSet:
     """The layout rule set (transpose/reshape chains, transposes through elementwise ops and
     broadcasts, transposed matmul operands)."""
-    return parse("\n".join([CHAINS, BROADCAST, _through_elementwise(), _into_matmul_t()]),
-                 "layout")
+    return declare_well_typed(parse(
+        "\n".join([CHAINS, BROADCAST, _through_elementwise(), _into_matmul_t()]), "layout"))

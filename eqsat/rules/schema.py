@@ -5,10 +5,13 @@ Every IR op becomes one egglog constructor `Op_<name>` whose arguments are read 
 (for ops whose result type is written in the text) the written dtype and shape. Two tables,
 `shape` and `dtype`, hold the type of every e-class; they are filled at load time from the IR and
 by the analysis rules below for nodes that rewrites create. They have no merge function, so an
-e-class that would get two shapes stops the run loudly instead of going ill-typed. A rule whose
-right side makes a `map_reduce` (typed by analysis from its operands, axes and body) adds its
-term to `typed-union` instead of unioning it: the union follows once both sides have the same
-shape and dtype, so an instance where the kernel would not type is skipped, not a failed run.
+e-class that would get two shapes stops the run loudly instead of going ill-typed. The analysis
+types a node only where the op's type rule holds for its operands' types (one dtype and shape
+for an add, a bool condition for a select, fitting matmul dims, a kernel's body typing on its
+operands' dtypes), so a node that would not type stays untyped, and so does every node above
+it. A user rule adds its right side to `typed-union` instead of unioning it: the union follows
+once both sides have the same shape and dtype, so an instance that would not type is skipped,
+not a failed run nor an ill-typed node that extraction may pick.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..ir.ops import CALLEE, INT, INTS, OPS, OpDef
+from ..ir.ops import CALLEE, INT, INTS, OPS, OpDef, OpTypeError
+from ..ir.types import DType, TensorType
 
 # Attribute kind -> egglog sort. Later op families register kinds of their own here.
 ATTR_SORTS: dict[str, str] = {INTS: "IntVec", INT: "i64", CALLEE: "String"}
@@ -163,10 +167,22 @@ _HELPERS = f"""
 (rule ((bc-go a b pa pb i acc) (< i (vec-length pa)) (= x (vec-get pa i)) (= 1 (vec-get pb i)))
       ((bc-go a b pa pb (+ i 1) (vec-push acc x))) :ruleset {ANALYSIS})
 (rule ((bc-go a b pa pb i acc) (= i (vec-length pa))) ((set (bcast a b) acc)) :ruleset {ANALYSIS})
+(relation bc-all-need (TList IntVec))
+(relation bc-all (TList IntVec))
+(rule ((bc-all-need (TCons x r) w)) ((bc-all-need r w)) :ruleset {ANALYSIS})
+(rule ((bc-all-need l w) (= l (TNil))) ((bc-all l w)) :ruleset {ANALYSIS})
+(rule ((bc-all-need l w) (= l (TCons x r)) (= s (shape x))) ((bc-need s w)) :ruleset {ANALYSIS})
+(rule ((bc-all-need l w) (= l (TCons x r)) (= s (shape x)) (= w (bcast s w)) (bc-all r w))
+      ((bc-all l w)) :ruleset {ANALYSIS})
+(relation body-types (TList String String String))
 (relation typed-union (T T))
-(relation typed-kernel (T))
 (rule ((typed-union a b) (= s (shape a)) (= s (shape b)) (= d (dtype a)) (= d (dtype b)))
       ((union a b)) :ruleset {ANALYSIS})
+(relation numeric-dtype (String))
+(numeric-dtype "f32")
+(numeric-dtype "f64")
+(numeric-dtype "i32")
+(numeric-dtype "i64")
 (relation float-dtype (String))
 (float-dtype "f32")
 (float-dtype "f64")
@@ -220,38 +236,106 @@ def _rule(enc: Encoding, facts: str, actions: str) -> str:
     return f"(rule ((= t {node}) {facts}) ({actions}) :ruleset {ANALYSIS})"
 
 
-def _same_as_first(enc: Encoding, dtype: str | None = None, src: str = "x0") -> list[str]:
-    d = f"(set (dtype t) {dtype})" if dtype else "(set (dtype t) d)"
-    return [_rule(enc, f"(= s (shape {src}))", "(set (shape t) s)"),
-            _rule(enc, f"(= d (dtype {src}))" if not dtype else "", d)]
+_TYPED = "(set (shape t) s) (set (dtype t) d)"
+
+# The dtype sets an op's type rule may ask of its operands, as the relation holding each.
+_DTYPE_SETS = {frozenset(DType): "", frozenset(d for d in DType if d.is_float): "float-dtype",
+               frozenset(d for d in DType if d.is_numeric): "numeric-dtype"}
 
 
-def _written(enc: Encoding) -> list[str]:
-    return [_rule(enc, "", "(set (shape t) ws) (set (dtype t) wd)")]
+def _takes(op: str, var: str, rank: int = 0) -> str:
+    """The fact that dtype `var` is one `op` takes, all its operands of that dtype and rank
+    `rank` (one element each): probed from the op's own type rule, as the IR checks it."""
+    opdef = OPS[op]
+    attrs = {"axes": (0,)} if opdef.family == "reduce" else {}
+    ok = []
+    for d in DType:
+        try:
+            opdef.infer([TensorType(d, (1,) * rank)] * (opdef.arity or 1), attrs, None)
+            ok.append(d)
+        except OpTypeError:
+            pass
+    relation = _DTYPE_SETS.get(frozenset(ok))
+    if relation is None:
+        raise ValueError(f"{op} takes the dtypes {ok}: the e-graph has no relation for them")
+    return f"({relation} {var})" if relation else ""
+
+
+def _elementwise(enc: Encoding) -> list[str]:
+    """Operands of one shape and dtype (one it takes): the result has them, a compare's is
+    bool, a select's its branches' (its condition bool, of their shape)."""
+    ins = [f"x{i}" for i in range(enc.n_operands)]
+    if enc.op == "select":
+        ins = ins[1:]
+    same = " ".join(f"(= s (shape {x})) (= d (dtype {x}))" for x in ins)
+    if enc.op == "select":
+        return [_rule(enc, f'{same} (= s (shape x0)) (= (dtype x0) "bool")', _TYPED)]
+    if OPS[enc.op].family == "compare":
+        return [_rule(enc, same, '(set (shape t) s) (set (dtype t) "bool")')]
+    return [_rule(enc, f"{same} {_takes(enc.op, 'd')}", _TYPED)]
+
+
+_WRITTEN = "(set (shape t) ws) (set (dtype t) wd)"
+
+
+def _broadcast(enc: Encoding) -> list[str]:
+    return [_rule(enc, "(= wd (dtype x0)) (= s (shape x0))", _WRITTEN)]
+
+
+def _reshape(enc: Encoding) -> list[str]:
+    return [_rule(enc, "(= wd (dtype x0)) (= s (shape x0))", _WRITTEN)]
+
+
+def _cast(enc: Encoding) -> list[str]:
+    """Any dtype to any other, the shape kept."""
+    return [_rule(enc, "(= ws (shape x0)) (= d (dtype x0))", _WRITTEN)]
+
+
+def _map(enc: Encoding) -> list[str]:
+    """Each operand broadcasts to the written shape, and the body computes the written dtype
+    from the operands' dtypes (`body-types`, which rules that make a map add per body:
+    compile.py; the fusion pass makes one by union with a typed e-class)."""
+    return [_rule(enc, "(body-types l a_body wd wd)", "(bc-all-need l ws)"),
+            _rule(enc, "(bc-all l ws) (body-types l a_body wd wd)", _WRITTEN)]
 
 
 def _reduce(enc: Encoding) -> list[str]:
     return [_rule(enc, "(= s (shape x0))", "(red-go s a_axes 0 (vec-empty))"),
-            _rule(enc, "(= r (reduced (shape x0) a_axes))", "(set (shape t) r)"),
-            _rule(enc, "(= d (dtype x0))", "(set (dtype t) d)")]
+            _rule(enc, f"(= r (reduced (shape x0) a_axes)) (= d (dtype x0)) "
+                       f"{_takes(enc.op, 'd', 1)}", "(set (shape t) r) (set (dtype t) d)")]
+
+
+def _swapped(v: str) -> str:
+    return f"(vec-set (vec-set {v} (- n 2) (vec-get {v} (- n 1))) (- n 1) (vec-get {v} (- n 2)))"
+
+
+def _product(enc: Encoding, ta: int = 0, tb: int = 0) -> str:
+    """Facts binding `p`, the shape of op(a) @ op(b) (op swapping the last two dims where the
+    flag is 1) and `d` its dtype, where the matmul's type rule holds: one dtype it takes, rank
+    >= 2, the batch dims equal and the inner ones."""
+    a = _swapped("sa") if ta else "sa"
+    b = _swapped("sb") if tb else "sb"
+    operands = "(= l (TCons x0 (TCons x1 rest)))" if enc.variadic else ""
+    return (f"{operands} (= sa (shape x0)) (= sb (shape x1)) (= d (dtype x0)) (= d (dtype x1)) "
+            f"{_takes('matmul', 'd', 2)} (= n (vec-length sa)) (>= n 2) (= a2 {a}) (= b2 {b}) "
+            f"(= b2 (vec-set (vec-set a2 (- n 2) (vec-get a2 (- n 1))) (- n 1) "
+            f"(vec-get b2 (- n 1)))) (= p (vec-set a2 (- n 1) (vec-get b2 (- n 1))))")
 
 
 def _matmul(enc: Encoding) -> list[str]:
-    facts = "(= sa (shape x0)) (= sb (shape x1)) (= n (vec-length sa)) (= m (vec-get sb (- n 1)))"
-    return [_rule(enc, facts, "(set (shape t) (vec-set sa (- n 1) m))"),
-            _rule(enc, "(= d (dtype x0))", "(set (dtype t) d)")]
+    return [_rule(enc, _product(enc), "(set (shape t) p) (set (dtype t) d)")]
 
 
 def _transpose(enc: Encoding) -> list[str]:
     return [_rule(enc, "(= s (shape x0))", "(perm-go s a_perm 0 (vec-empty))"),
-            _rule(enc, "(= r (permuted (shape x0) a_perm))", "(set (shape t) r)"),
-            _rule(enc, "(= d (dtype x0))", "(set (dtype t) d)")]
+            _rule(enc, "(= r (permuted (shape x0) a_perm)) (= d (dtype x0))",
+                  "(set (shape t) r) (set (dtype t) d)")]
 
 
 def _slice(enc: Encoding) -> list[str]:
     return [_rule(enc, "", "(slice-go a_start a_stop 0 (vec-empty))"),
-            _rule(enc, "(= r (sliced a_start a_stop))", "(set (shape t) r)"),
-            _rule(enc, "(= d (dtype x0))", "(set (dtype t) d)")]
+            _rule(enc, "(= r (sliced a_start a_stop)) (= d (dtype x0)) (= s (shape x0))",
+                  "(set (shape t) r) (set (dtype t) d)")]
 
 
 def _concat(enc: Encoding) -> list[str]:
@@ -261,43 +345,39 @@ def _concat(enc: Encoding) -> list[str]:
                   "(set (shape t) (vec-set s a_axis n)) (set (dtype t) d)")]
 
 
-def _product_facts(enc: Encoding) -> str:
-    # matmul_epi is variadic: its first two operands are the product's a and b
-    return "(= l (TCons x0 (TCons x1 rest)))" if enc.variadic else ""
-
-
 def _matmul_t(enc: Encoding) -> list[str]:
-    """op(a) @ op(b): the last two dims of a (swapped when ta=1), of b (when tb=1)."""
+    """op(a) @ op(b), per flag (a flag other than 0 or 1 is no matmul_t); a matmul_epi's
+    further operands broadcast to the product, and its body computes its dtype from the
+    product's and theirs (`body-types`, as a map's)."""
     rules = []
-    base = _product_facts(enc) + " (= sa (shape x0)) (= sb (shape x1)) (= n (vec-length sa))"
     for ta in (0, 1):
         for tb in (0, 1):
-            m = f"(vec-get sa (- n {1 if ta else 2}))"
-            k = f"(vec-get sb (- n {2 if tb else 1}))"
-            rules.append(_rule(enc, f"{base} (= a_ta {ta}) (= a_tb {tb})",
-                               f"(set (shape t) (vec-set (vec-set sa (- n 2) {m}) (- n 1) {k}))"))
-    # matmul_t computes the product's dtype; a matmul_epi's body may change it (a compare gives
-    # bool: fused.py's type rule), so its dtype is the one loaded or unioned with, never derived
-    if enc.op == "matmul_t":
-        rules.append(_rule(enc, " (= d (dtype x0))", "(set (dtype t) d)"))
+            facts = f"{_product(enc, ta, tb)} (= a_ta {ta}) (= a_tb {tb})"
+            if enc.op == "matmul_t":
+                rules.append(_rule(enc, facts, "(set (shape t) p) (set (dtype t) d)"))
+                continue
+            rules += [_rule(enc, f'{facts} (body-types l a_body "" r)', "(bc-all-need rest p)"),
+                      _rule(enc, f'{facts} (bc-all rest p) (body-types l a_body "" r)',
+                            "(set (shape t) p) (set (dtype t) r)")]
     return rules
 
 
 def _map_reduce(enc: Encoding) -> list[str]:
     """Its operands broadcast together (`dom`), less the reduced axes; only where the axes are
     distinct and in range (each one then drops a dim) and, for max and min, none has length 0,
-    as the IR's type rule asks. Only for the kernels rules make (`typed-kernel`): those of the
-    fusion pass join a typed e-class, and typing each of them again cost every optimize. Its dtype is its body's: rules that make one add it per body
-    (compile.py), and the fusion pass makes one by union with a typed e-class."""
+    as the IR's type rule asks. Its dtype is its body's (`body-types`, as a map's), numeric
+    for a sum."""
     valid = ("(= s (dom l)) (= r (reduced s a_axes)) "
-             "(= (vec-length s) (+ (vec-length r) (vec-length a_axes)))")
-    return [_rule(enc, "(typed-kernel t)", "(dom-need l)"),
+             "(= (vec-length s) (+ (vec-length r) (vec-length a_axes))) "
+             '(body-types l a_body "" d)')
+    return [_rule(enc, "", "(dom-need l)"),
             _rule(enc, "(= s (dom l))",
                   "(red-go s a_axes 0 (vec-empty)) (perm-go s a_axes 0 (vec-empty))"),
             _rule(enc, "(= s (dom l)) (= g (permuted s a_axes))", "(numel-go g 0 1)"),
-            _rule(enc, f'(= a_reduce "sum") {valid}', "(set (shape t) r)"),
+            _rule(enc, f'(= a_reduce "sum") {valid} (numeric-dtype d)',
+                  "(set (shape t) r) (set (dtype t) d)"),
             _rule(enc, f'(!= a_reduce "sum") {valid} (= g (permuted s a_axes)) (> (numel g) 0)',
-                  "(set (shape t) r)")]
+                  "(set (shape t) r) (set (dtype t) d)")]
 
 
 ShapeRule = Callable[[Encoding], list[str]]
@@ -305,13 +385,13 @@ ShapeRule = Callable[[Encoding], list[str]]
 # Type analysis per op family (per op where the family is too coarse). Fused-op families add
 # their entries here; an op without an entry stays out of the e-graph (it cannot be typed).
 SHAPE_RULES: dict[str, ShapeRule] = {
-    "unary": _same_as_first,
-    "binary": _same_as_first,
-    "compare": lambda enc: _same_as_first(enc, dtype='"bool"'),
-    "select": lambda enc: _same_as_first(enc, src="x1"),
-    "broadcast": _written,
-    "reshape": _written,
-    "cast": _written,
+    "unary": _elementwise,
+    "binary": _elementwise,
+    "compare": _elementwise,
+    "select": _elementwise,
+    "broadcast": _broadcast,
+    "reshape": _reshape,
+    "cast": _cast,
     "reduce": _reduce,
     "matmul": _matmul,
     "transpose": _transpose,
@@ -325,10 +405,10 @@ def _loaded_only(enc: Encoding) -> list[str]:
     return []
 
 
-# map's type is written; a fused op of a later family without a rule of its own is typed only
-# where it is loaded or unioned with a typed e-class (fusion's Python pass).
+# A fused op of a later family without a rule of its own is typed only where it is loaded or
+# unioned with a typed e-class (fusion's Python pass).
 SHAPE_RULES["fused"] = _loaded_only
-SHAPE_RULES["map"] = _written
+SHAPE_RULES["map"] = _map
 SHAPE_RULES["map_reduce"] = _map_reduce
 SHAPE_RULES["matmul_t"] = _matmul_t
 SHAPE_RULES["matmul_epi"] = _matmul_t
