@@ -127,23 +127,26 @@ _HELPERS = f"""
 (rule ((red-go s ax i acc) (< i (vec-length s)) (vec-not-contains ax i) (= d (vec-get s i)))
       ((red-go s ax (+ i 1) (vec-push acc d))) :ruleset {ANALYSIS})
 (rule ((red-go s ax i acc) (= i (vec-length s))) ((set (reduced s ax) acc)) :ruleset {ANALYSIS})
-(relation slice-go (IntVec IntVec i64 IntVec))
-(function sliced (IntVec IntVec) IntVec :no-merge)
-(rule ((slice-go a b i acc) (< i (vec-length a)) (= x (vec-get a i)) (= y (vec-get b i)))
-      ((slice-go a b (+ i 1) (vec-push acc (- y x)))) :ruleset {ANALYSIS})
-(rule ((slice-go a b i acc) (= i (vec-length a))) ((set (sliced a b) acc)) :ruleset {ANALYSIS})
+(relation slice-go (IntVec IntVec IntVec i64 IntVec))
+(function sliced (IntVec IntVec IntVec) IntVec :no-merge)
+(rule ((slice-go s a b i acc) (< i (vec-length a)) (= x (vec-get a i)) (= y (vec-get b i))
+       (= n (vec-get s i)) (>= x 0) (<= x y) (<= y n))
+      ((slice-go s a b (+ i 1) (vec-push acc (- y x)))) :ruleset {ANALYSIS})
+(rule ((slice-go s a b i acc) (= i (vec-length a))) ((set (sliced s a b) acc))
+      :ruleset {ANALYSIS})
 (relation numel-go (IntVec i64 i64))
 (function numel (IntVec) i64 :no-merge)
 (rule ((= s (shape t))) ((numel-go s 0 1)) :ruleset {ANALYSIS})
 (rule ((numel-go s i acc) (< i (vec-length s)) (= d (vec-get s i)))
       ((numel-go s (+ i 1) (* acc d))) :ruleset {ANALYSIS})
 (rule ((numel-go s i acc) (= i (vec-length s))) ((set (numel s) acc)) :ruleset {ANALYSIS})
-(relation cat-need (TList i64))
-(function cat-len (TList i64) i64 :no-merge)
-(rule ((cat-need (TCons x r) k)) ((cat-need r k)) :ruleset {ANALYSIS})
-(rule ((cat-need l k) (= l (TNil))) ((set (cat-len l k) 0)) :ruleset {ANALYSIS})
-(rule ((cat-need l k) (= l (TCons x r)) (= s (shape x)) (= n (cat-len r k)) (= d (vec-get s k)))
-      ((set (cat-len l k) (+ n d))) :ruleset {ANALYSIS})
+(relation cat-need (TList i64 IntVec String))
+(function cat-len (TList i64 IntVec String) i64 :no-merge)
+(rule ((cat-need (TCons x r) k key d)) ((cat-need r k key d)) :ruleset {ANALYSIS})
+(rule ((cat-need l k key d) (= l (TNil))) ((set (cat-len l k key d) 0)) :ruleset {ANALYSIS})
+(rule ((cat-need l k key d) (= l (TCons x r)) (= s (shape x)) (= d (dtype x))
+       (= key (vec-set s k 0)) (= n (cat-len r k key d)) (= e (vec-get s k)))
+      ((set (cat-len l k key d) (+ n e))) :ruleset {ANALYSIS})
 (relation dom-need (TList))
 (function dom (TList) IntVec :no-merge)
 (relation bc-need (IntVec IntVec))
@@ -279,11 +282,16 @@ _WRITTEN = "(set (shape t) ws) (set (dtype t) wd)"
 
 
 def _broadcast(enc: Encoding) -> list[str]:
-    return [_rule(enc, "(= wd (dtype x0)) (= s (shape x0))", _WRITTEN)]
+    """The operand's dtype, and a shape that broadcasts to the written one (numpy's rule)."""
+    return [_rule(enc, "(= s (shape x0))", "(bc-need s ws)"),
+            _rule(enc, "(= wd (dtype x0)) (= s (shape x0)) (= ws (bcast s ws))", _WRITTEN)]
 
 
 def _reshape(enc: Encoding) -> list[str]:
-    return [_rule(enc, "(= wd (dtype x0)) (= s (shape x0))", _WRITTEN)]
+    """The operand's dtype and element count."""
+    return [_rule(enc, "", "(numel-go ws 0 1)"),
+            _rule(enc, "(= wd (dtype x0)) (= s (shape x0)) (= n (numel s)) (= n (numel ws))",
+                  _WRITTEN)]
 
 
 def _cast(enc: Encoding) -> list[str]:
@@ -299,10 +307,26 @@ def _map(enc: Encoding) -> list[str]:
             _rule(enc, "(bc-all l ws) (body-types l a_body wd wd)", _WRITTEN)]
 
 
+# Facts that the int list `a` of node `t` holds distinct axes of shape `s`: each drops a dim.
+_AXES = "(= r (reduced s {a})) (= (vec-length s) (+ (vec-length r) (vec-length {a})))"
+
+
 def _reduce(enc: Encoding) -> list[str]:
-    return [_rule(enc, "(= s (shape x0))", "(red-go s a_axes 0 (vec-empty))"),
-            _rule(enc, f"(= r (reduced (shape x0) a_axes)) (= d (dtype x0)) "
-                       f"{_takes(enc.op, 'd', 1)}", "(set (shape t) r) (set (dtype t) d)")]
+    """Distinct axes in range, a dtype the op takes and, where its type rule asks (max and
+    min: no identity), no reduced axis of length 0."""
+    try:
+        OPS[enc.op].infer([TensorType(DType.f32, (0,))], {"axes": (0,)}, None)
+        empty = ""
+    except OpTypeError:
+        empty = "(= g (permuted s a_axes)) (> (numel g) 0)"
+    facts = f"(= s (shape x0)) {_AXES.format(a='a_axes')} (= d (dtype x0)) " \
+            f"{_takes(enc.op, 'd', 1)} {empty}"
+    demands = "(red-go s a_axes 0 (vec-empty))"
+    rules = [_rule(enc, "(= s (shape x0))", demands)]
+    if empty:
+        rules += [_rule(enc, "(= s (shape x0))", "(perm-go s a_axes 0 (vec-empty))"),
+                  _rule(enc, "(= s (shape x0)) (= g (permuted s a_axes))", "(numel-go g 0 1)")]
+    return rules + [_rule(enc, facts, "(set (shape t) r) (set (dtype t) d)")]
 
 
 def _swapped(v: str) -> str:
@@ -327,21 +351,29 @@ def _matmul(enc: Encoding) -> list[str]:
 
 
 def _transpose(enc: Encoding) -> list[str]:
-    return [_rule(enc, "(= s (shape x0))", "(perm-go s a_perm 0 (vec-empty))"),
-            _rule(enc, "(= r (permuted (shape x0) a_perm)) (= d (dtype x0))",
-                  "(set (shape t) r) (set (dtype t) d)")]
+    """A permutation of the operand's axes: as many distinct axes as it has, all in range."""
+    facts = (f"(= s (shape x0)) (= (vec-length a_perm) (vec-length s)) "
+             f"{_AXES.format(a='a_perm')} (= p (permuted s a_perm)) (= d (dtype x0))")
+    return [_rule(enc, "(= s (shape x0))",
+                  "(perm-go s a_perm 0 (vec-empty)) (red-go s a_perm 0 (vec-empty))"),
+            _rule(enc, facts, "(set (shape t) p) (set (dtype t) d)")]
 
 
 def _slice(enc: Encoding) -> list[str]:
-    return [_rule(enc, "", "(slice-go a_start a_stop 0 (vec-empty))"),
-            _rule(enc, "(= r (sliced a_start a_stop)) (= d (dtype x0)) (= s (shape x0))",
+    """A start and a stop per axis, 0 <= start <= stop <= the axis's length (slice-go)."""
+    ranks = "(= s (shape x0)) (= (vec-length a_start) (vec-length s)) " \
+            "(= (vec-length a_stop) (vec-length s))"
+    return [_rule(enc, ranks, "(slice-go s a_start a_stop 0 (vec-empty))"),
+            _rule(enc, "(= s (shape x0)) (= r (sliced s a_start a_stop)) (= d (dtype x0))",
                   "(set (shape t) r) (set (dtype t) d)")]
 
 
 def _concat(enc: Encoding) -> list[str]:
-    first = "(= l (TCons x0 rest)) (= s (shape x0)) (= d (dtype x0))"
-    return [_rule(enc, "", "(cat-need l a_axis)"),
-            _rule(enc, first + " (= n (cat-len l a_axis))",
+    """An axis in range, the operands of the first one's dtype and dims but along it."""
+    first = ("(= l (TCons x0 rest)) (= s (shape x0)) (= d (dtype x0)) (>= a_axis 0) "
+             "(< a_axis (vec-length s))")
+    return [_rule(enc, first, "(cat-need l a_axis (vec-set s a_axis 0) d)"),
+            _rule(enc, first + " (= n (cat-len l a_axis (vec-set s a_axis 0) d))",
                   "(set (shape t) (vec-set s a_axis n)) (set (dtype t) d)")]
 
 
@@ -367,9 +399,7 @@ def _map_reduce(enc: Encoding) -> list[str]:
     distinct and in range (each one then drops a dim) and, for max and min, none has length 0,
     as the IR's type rule asks. Its dtype is its body's (`body-types`, as a map's), numeric
     for a sum."""
-    valid = ("(= s (dom l)) (= r (reduced s a_axes)) "
-             "(= (vec-length s) (+ (vec-length r) (vec-length a_axes))) "
-             '(body-types l a_body "" d)')
+    valid = f'(= s (dom l)) {_AXES.format(a="a_axes")} (body-types l a_body "" d)'
     return [_rule(enc, "", "(dom-need l)"),
             _rule(enc, "(= s (dom l))",
                   "(red-go s a_axes 0 (vec-empty)) (perm-go s a_axes 0 (vec-empty))"),
