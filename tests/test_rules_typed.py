@@ -222,3 +222,16 @@ def test_the_built_in_rules_leave_no_ill_typed_node():
             assert ill_typed_nodes(eg.serialize()) == []
         finally:
             eg.close()
+
+
+def test_a_skipped_right_side_that_matches_the_rule_again_does_not_grow_the_e_graph():
+    """The right side of a skipped instance stays in the e-graph, untyped; it is itself a
+    `transpose(?x, perm=[1,0])`, and the rule matched it in the next round, and the next:
+    one term a round until the iteration limit. Only a typed left side is matched now."""
+    m = eqsat.parse("func @f(%x: f32[4,8]) -> f32[8,4] {\n"
+                    "  %t = transpose %x, perm=[1,0] : f32[8,4]\n  return %t\n}")
+    rule = parse("rule r: transpose(?x, perm=[1,0]) => "
+                 "transpose(sum(?x, axes=[7]), perm=[1,0])")
+    eg, report = saturate(m, rule)
+    eg.close()
+    assert report.stop_reason == "saturated" and len(report.rounds) <= 2, report

@@ -300,9 +300,11 @@ def compile_rule(rule: Rule, typed: bool | None = None) -> str:
     needs = [f"(rule ((= _root {lhs}) {' '.join(facts)}) ({action}) :ruleset {schema.ANALYSIS} "
              f':name "{rule.name}/need{i}")' for i, (facts, action) in enumerate(c.demands)]
     if typed:
+        # only on a typed left side: where it is not, the union could never follow, and the
+        # right side, untyped too, could match the rule again (one such term a round)
         return "\n".join(needs + _body_types(rule) + [
-            f"(rule ((= _root {lhs}) {' '.join(c.facts)}) ((typed-union _root {rhs})) "
-            f':ruleset {ruleset} :name "{rule.name}")'])
+            f"(rule ((= _root {lhs}) (= _rs (shape _root)) {' '.join(c.facts)}) "
+            f"((typed-union _root {rhs})) :ruleset {ruleset} :name \"{rule.name}\")"])
     when = f" :when ({' '.join(c.facts)})" if c.facts else ""
     return "\n".join(needs + [
         f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} :name "{rule.name}")'])
