@@ -1,15 +1,17 @@
-"""Compile checked rules to egglog `rewrite` commands over the constructors of `schema`.
+"""Compile checked rules to egglog rules over the constructors of `schema`: each matches its
+left side and unions its right side with it, as an egglog `rewrite` does.
 
 Values a right-hand side needs but cannot name (the dtype of a new broadcast, the shape behind
-`like=`, a computed constant) are bound in the rule's `:when` facts, so a rule whose computation
-fails (a division by zero, a missing shape) simply does not fire. A computed int list
+`like=`, a computed constant) are bound in the rule's query, so a rule whose computation fails
+(a division by zero, a missing shape) simply does not fire. A computed int list
 (`shape=permute(?s, ?p)`) is read from the schema's helper function (`permuted`; an argument
 `shape(?x)` is ?x's entry in the `shape` table), which the
 analysis fills only on demand: each one also gets a companion analysis rule that matches the
 same left side and asks for the value, so it is ready before the rewrite runs.
-A rule not declared well-typed (`typing.declare_well_typed`: the built-in families) is no
-egglog `rewrite`: it adds its right side to `typed-union` (see schema), and the bodies of the
-kernels it makes are typed by analysis rules of its own (`body-types`).
+A rule not declared well-typed (`typing.declare_well_typed`: the built-in families) adds its
+right side to `typed-union` instead of unioning it (see schema), and the bodies of the kernels
+it makes are typed by analysis rules of its own (`body-types`). Every rule matches only a
+typed left side.
 """
 
 from __future__ import annotations
@@ -289,7 +291,7 @@ def compile_rule(rule: Rule, typed: bool | None = None) -> str:
     bodies of the kernels it makes. A typed rule (by default, one not declared well-typed:
     `typing.declare_well_typed`) adds its right side to `typed-union`, which unions it with
     the left side only where both are typed alike (see schema), so an instance that would
-    not type is skipped; the others are plain egglog rewrites."""
+    not type is skipped; the others union it at once."""
     typed = not is_well_typed(rule) if typed is None else typed
     c = _Compiler(rule)
     lhs = c.lhs(rule.lhs)
@@ -299,15 +301,14 @@ def compile_rule(rule: Rule, typed: bool | None = None) -> str:
     ruleset = schema.ANALYSIS if rule.kind == "analysis" else schema.REWRITE
     needs = [f"(rule ((= _root {lhs}) {' '.join(facts)}) ({action}) :ruleset {schema.ANALYSIS} "
              f':name "{rule.name}/need{i}")' for i, (facts, action) in enumerate(c.demands)]
-    if typed:
-        # only on a typed left side: where it is not, the union could never follow, and the
-        # right side, untyped too, could match the rule again (one such term a round)
-        return "\n".join(needs + _body_types(rule) + [
-            f"(rule ((= _root {lhs}) (= _rs (shape _root)) {' '.join(c.facts)}) "
-            f"((typed-union _root {rhs})) :ruleset {ruleset} :name \"{rule.name}\")"])
-    when = f" :when ({' '.join(c.facts)})" if c.facts else ""
-    return "\n".join(needs + [
-        f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} :name "{rule.name}")'])
+    # Only a typed left side is matched: an untyped term is the right side of an instance the
+    # typed step skipped (the union could never follow, and where it matched the rule again
+    # it made one such term a round), and a rule is sound only on terms that type, so a
+    # well-typed rule could union one that does not into a typed e-class.
+    query = f"(= _root {lhs}) (= _rs (shape _root)) {' '.join(c.facts)}"
+    union = f"(typed-union _root {rhs})" if typed else f"(union _root {rhs})"
+    return "\n".join(needs + (_body_types(rule) if typed else []) + [
+        f'(rule ({query}) ({union}) :ruleset {ruleset} :name "{rule.name}")'])
 
 
 def compile_ruleset(rules: RuleSet) -> str:
