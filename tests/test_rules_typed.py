@@ -12,7 +12,7 @@ import eqsat
 from eqsat.extract.pipeline import OptimizeWarning, optimize_with_report
 from eqsat.ir.ops import OPS, OpTypeError
 from eqsat.rules import Serialized, check, default, parse, saturate
-from eqsat.rules.compile import compile_rule
+from eqsat.rules.compile import compile_rule, compile_ruleset
 from eqsat.rules.typing import declare_well_typed, is_well_typed
 from optimize_helpers import EXAMPLES
 
@@ -247,3 +247,14 @@ def test_a_well_typed_rule_does_not_union_a_skipped_term_into_a_typed_class():
         assert ill_typed_nodes(eg.serialize()) == [] and report.fired["mul_one"] == 0
     finally:
         eg.close()
+
+
+def test_a_set_of_well_typed_rules_compiles_to_plain_rewrites():
+    """No rule of such a set leaves an untyped term, so none needs the guard on a typed left
+    side, which made egglog's push and pop of a kept e-graph 0.6 ms slower: a third of a
+    small program's saturation is that push and pop."""
+    program = compile_ruleset(default())
+    assert "(shape _root)" not in program and "typed-union" not in program
+    assert program.count("(rewrite ") == len(default())
+    mixed = compile_ruleset(default() + parse("rule r: neg(neg(?x)) => ?x"))
+    assert mixed.count("(= _rs (shape _root))") == len(default()) + 1

@@ -10,8 +10,8 @@ analysis fills only on demand: each one also gets a companion analysis rule that
 same left side and asks for the value, so it is ready before the rewrite runs.
 A rule not declared well-typed (`typing.declare_well_typed`: the built-in families) adds its
 right side to `typed-union` instead of unioning it (see schema), and the bodies of the kernels
-it makes are typed by analysis rules of its own (`body-types`). Every rule matches only a
-typed left side.
+it makes are typed by analysis rules of its own (`body-types`). In a set that holds one,
+every rule matches only a typed left side.
 """
 
 from __future__ import annotations
@@ -285,13 +285,14 @@ def _body_types(rule: Rule) -> list[str]:
     return out
 
 
-def compile_rule(rule: Rule, typed: bool | None = None) -> str:
+def compile_rule(rule: Rule, typed: bool | None = None, typed_roots: bool = True) -> str:
     """The egglog commands for one rule (in the analysis or the rewrite ruleset): the rewrite,
     preceded by the analysis rules that compute its shape functions' values and type the
     bodies of the kernels it makes. A typed rule (by default, one not declared well-typed:
     `typing.declare_well_typed`) adds its right side to `typed-union`, which unions it with
     the left side only where both are typed alike (see schema), so an instance that would
-    not type is skipped; the others union it at once."""
+    not type is skipped; the others union it at once. `typed_roots`: match only a typed left
+    side (a typed rule always does)."""
     typed = not is_well_typed(rule) if typed is None else typed
     c = _Compiler(rule)
     lhs = c.lhs(rule.lhs)
@@ -301,10 +302,14 @@ def compile_rule(rule: Rule, typed: bool | None = None) -> str:
     ruleset = schema.ANALYSIS if rule.kind == "analysis" else schema.REWRITE
     needs = [f"(rule ((= _root {lhs}) {' '.join(facts)}) ({action}) :ruleset {schema.ANALYSIS} "
              f':name "{rule.name}/need{i}")' for i, (facts, action) in enumerate(c.demands)]
-    # Only a typed left side is matched: an untyped term is the right side of an instance the
-    # typed step skipped (the union could never follow, and where it matched the rule again
-    # it made one such term a round), and a rule is sound only on terms that type, so a
-    # well-typed rule could union one that does not into a typed e-class.
+    if not (typed or typed_roots):  # an egglog rewrite is the rule below without the guard
+        when = f" :when ({' '.join(c.facts)})" if c.facts else ""
+        return "\n".join(needs + [
+            f'(rewrite {lhs} {rhs}{when} :ruleset {ruleset} :name "{rule.name}")'])
+    # The guard: an untyped term is the right side of an instance the typed step skipped (the
+    # union could never follow, and where it matched the rule again it made one such term a
+    # round), and a rule is sound only on terms that type, so a well-typed rule could union
+    # one that does not into a typed e-class.
     query = f"(= _root {lhs}) (= _rs (shape _root)) {' '.join(c.facts)}"
     union = f"(typed-union _root {rhs})" if typed else f"(union _root {rhs})"
     return "\n".join(needs + (_body_types(rule) if typed else []) + [
@@ -313,5 +318,9 @@ def compile_rule(rule: Rule, typed: bool | None = None) -> str:
 
 def compile_ruleset(rules: RuleSet) -> str:
     """The egglog program for a whole rule set: the typed step for every rule not declared
-    well-typed (`typing.declare_well_typed`)."""
-    return "\n".join(compile_rule(r) for r in rules)
+    well-typed (`typing.declare_well_typed`) and, where there is one, every rule matching
+    only a typed left side. A set of well-typed rules makes no untyped term: its rules are
+    plain rewrites (the guard made egglog's push and pop of a kept e-graph, a third of a small
+    program's saturation, 0.6 ms slower)."""
+    typed = [not is_well_typed(r) for r in rules]
+    return "\n".join(compile_rule(r, t, any(typed)) for r, t in zip(rules, typed))
