@@ -258,3 +258,17 @@ def test_a_set_of_well_typed_rules_compiles_to_plain_rewrites():
     assert program.count("(rewrite ") == len(default())
     mixed = compile_ruleset(default() + parse("rule r: neg(neg(?x)) => ?x"))
     assert mixed.count("(= _rs (shape _root))") == len(default()) + 1
+
+
+@pytest.mark.parametrize("rhs, ops", [
+    ("matmul_t(?a, ?b, ta=1, tb=0)", ["matmul_t"]),
+    ("matmul_epi(?a, ?b, ta=1, tb=0, body=$0)", ["matmul_epi"]),
+    ("matmul_t(?a, ?b, ta=0, tb=1)", ["transpose", "matmul"]),  # the dims do not fit
+    ("matmul_t(?a, ?b, ta=2, tb=0)", ["transpose", "matmul"]),  # no flag
+])
+def test_a_transposed_product_a_rule_makes_is_typed_by_its_flags(rhs, ops):
+    _, out = _optimize(f"rule mine: matmul(transpose(?a, perm=[1,0]), ?b) => {rhs}",
+                       "func @f(%a: f32[8,4], %b: f32[8,6]) -> f32[4,6] {\n"
+                       "  %t = transpose %a, perm=[1,0] : f32[4,8]\n"
+                       "  %m = matmul %t, %b : f32[4,6]\n  return %m\n}")
+    assert [s.op for s in out["f"].body] == ops

@@ -170,22 +170,10 @@ _HELPERS = f"""
 (rule ((bc-go a b pa pb i acc) (< i (vec-length pa)) (= x (vec-get pa i)) (= 1 (vec-get pb i)))
       ((bc-go a b pa pb (+ i 1) (vec-push acc x))) :ruleset {ANALYSIS})
 (rule ((bc-go a b pa pb i acc) (= i (vec-length pa))) ((set (bcast a b) acc)) :ruleset {ANALYSIS})
-(relation bc-all-need (TList IntVec))
-(relation bc-all (TList IntVec))
-(rule ((bc-all-need (TCons x r) w)) ((bc-all-need r w)) :ruleset {ANALYSIS})
-(rule ((bc-all-need l w) (= l (TNil))) ((bc-all l w)) :ruleset {ANALYSIS})
-(rule ((bc-all-need l w) (= l (TCons x r)) (= s (shape x))) ((bc-need s w)) :ruleset {ANALYSIS})
-(rule ((bc-all-need l w) (= l (TCons x r)) (= s (shape x)) (= w (bcast s w)) (bc-all r w))
-      ((bc-all l w)) :ruleset {ANALYSIS})
 (relation body-types (TList String String String))
 (relation typed-union (T T))
 (rule ((typed-union a b) (= s (shape a)) (= s (shape b)) (= d (dtype a)) (= d (dtype b)))
       ((union a b)) :ruleset {ANALYSIS})
-(relation numeric-dtype (String))
-(numeric-dtype "f32")
-(numeric-dtype "f64")
-(numeric-dtype "i32")
-(numeric-dtype "i64")
 (relation float-dtype (String))
 (float-dtype "f32")
 (float-dtype "f64")
@@ -241,9 +229,10 @@ def _rule(enc: Encoding, facts: str, actions: str) -> str:
 
 _TYPED = "(set (shape t) s) (set (dtype t) d)"
 
-# The dtype sets an op's type rule may ask of its operands, as the relation holding each.
-_DTYPE_SETS = {frozenset(DType): "", frozenset(d for d in DType if d.is_float): "float-dtype",
-               frozenset(d for d in DType if d.is_numeric): "numeric-dtype"}
+# The dtype sets an op's type rule may ask of its operands, as the fact that dtype {} is one.
+# (Every table, even a small relation, slows egglog's push and pop of a kept e-graph.)
+_DTYPE_SETS = {frozenset(DType): "", frozenset(d for d in DType if d.is_float): "(float-dtype {})",
+               frozenset(d for d in DType if d.is_numeric): '(!= {} "bool")'}
 
 
 def _takes(op: str, var: str, rank: int = 0) -> str:
@@ -258,10 +247,10 @@ def _takes(op: str, var: str, rank: int = 0) -> str:
             ok.append(d)
         except OpTypeError:
             pass
-    relation = _DTYPE_SETS.get(frozenset(ok))
-    if relation is None:
-        raise ValueError(f"{op} takes the dtypes {ok}: the e-graph has no relation for them")
-    return f"({relation} {var})" if relation else ""
+    fact = _DTYPE_SETS.get(frozenset(ok))
+    if fact is None:
+        raise ValueError(f"{op} takes the dtypes {ok}: the e-graph has no fact for them")
+    return fact.format(var)
 
 
 def _elementwise(enc: Encoding) -> list[str]:
@@ -300,11 +289,14 @@ def _cast(enc: Encoding) -> list[str]:
 
 
 def _map(enc: Encoding) -> list[str]:
-    """Each operand broadcasts to the written shape, and the body computes the written dtype
-    from the operands' dtypes (`body-types`, which rules that make a map add per body:
-    compile.py; the fusion pass makes one by union with a typed e-class)."""
-    return [_rule(enc, "(body-types l a_body wd wd)", "(bc-all-need l ws)"),
-            _rule(enc, "(bc-all l ws) (body-types l a_body wd wd)", _WRITTEN)]
+    """The operands broadcast together (`dom`) to the written shape, so each one does, and the
+    body computes the written dtype from the operands' dtypes (`body-types`, which rules that
+    make a map add per body: compile.py; the fusion pass makes one by union with a typed
+    e-class)."""
+    return [_rule(enc, "(body-types l a_body wd wd)", "(dom-need l)"),
+            _rule(enc, "(= s (dom l))", "(bc-need s ws)"),
+            _rule(enc, "(body-types l a_body wd wd) (= s (dom l)) (= ws (bcast s ws))",
+                  _WRITTEN)]
 
 
 # Facts that the int list `a` of node `t` holds distinct axes of shape `s`: each drops a dim.
@@ -329,19 +321,24 @@ def _reduce(enc: Encoding) -> list[str]:
     return rules + [_rule(enc, facts, "(set (shape t) r) (set (dtype t) d)")]
 
 
-def _swapped(v: str) -> str:
-    return f"(vec-set (vec-set {v} (- n 2) (vec-get {v} (- n 1))) (- n 1) (vec-get {v} (- n 2)))"
+def _flipped(v: str, flag: str) -> str:
+    """`v` with its last two dims swapped where `flag` is 1 (kept where it is 0): one rule for
+    both, indexing by the flag (every rule slows egglog's push and pop of a kept e-graph)."""
+    if flag == "0":
+        return v
+    return (f"(vec-set (vec-set {v} (- n 2) (vec-get {v} (+ (- n 2) {flag}))) (- n 1) "
+            f"(vec-get {v} (- (- n 1) {flag})))")
 
 
-def _product(enc: Encoding, ta: int = 0, tb: int = 0) -> str:
+def _product(enc: Encoding, ta: str = "0", tb: str = "0") -> str:
     """Facts binding `p`, the shape of op(a) @ op(b) (op swapping the last two dims where the
-    flag is 1) and `d` its dtype, where the matmul's type rule holds: one dtype it takes, rank
-    >= 2, the batch dims equal and the inner ones."""
-    a = _swapped("sa") if ta else "sa"
-    b = _swapped("sb") if tb else "sb"
+    flag, 0 or 1, is 1) and `d` its dtype, where the matmul's type rule holds: one dtype it
+    takes, rank >= 2, the batch dims equal and the inner ones."""
+    flags = " ".join(f"(>= {f} 0) (<= {f} 1)" for f in (ta, tb) if f != "0")
     operands = "(= l (TCons x0 (TCons x1 rest)))" if enc.variadic else ""
-    return (f"{operands} (= sa (shape x0)) (= sb (shape x1)) (= d (dtype x0)) (= d (dtype x1)) "
-            f"{_takes('matmul', 'd', 2)} (= n (vec-length sa)) (>= n 2) (= a2 {a}) (= b2 {b}) "
+    return (f"{operands} {flags} (= sa (shape x0)) (= sb (shape x1)) (= d (dtype x0)) "
+            f"(= d (dtype x1)) {_takes('matmul', 'd', 2)} (= n (vec-length sa)) (>= n 2) "
+            f"(= a2 {_flipped('sa', ta)}) (= b2 {_flipped('sb', tb)}) "
             f"(= b2 (vec-set (vec-set a2 (- n 2) (vec-get a2 (- n 1))) (- n 1) "
             f"(vec-get b2 (- n 1)))) (= p (vec-set a2 (- n 1) (vec-get b2 (- n 1))))")
 
@@ -378,20 +375,17 @@ def _concat(enc: Encoding) -> list[str]:
 
 
 def _matmul_t(enc: Encoding) -> list[str]:
-    """op(a) @ op(b), per flag (a flag other than 0 or 1 is no matmul_t); a matmul_epi's
-    further operands broadcast to the product, and its body computes its dtype from the
-    product's and theirs (`body-types`, as a map's)."""
-    rules = []
-    for ta in (0, 1):
-        for tb in (0, 1):
-            facts = f"{_product(enc, ta, tb)} (= a_ta {ta}) (= a_tb {tb})"
-            if enc.op == "matmul_t":
-                rules.append(_rule(enc, facts, "(set (shape t) p) (set (dtype t) d)"))
-                continue
-            rules += [_rule(enc, f'{facts} (body-types l a_body "" r)', "(bc-all-need rest p)"),
-                      _rule(enc, f'{facts} (bc-all rest p) (body-types l a_body "" r)',
-                            "(set (shape t) p) (set (dtype t) r)")]
-    return rules
+    """op(a) @ op(b) (a flag other than 0 or 1 is no matmul_t); a matmul_epi's further
+    operands broadcast to the product, and its body computes its dtype from the product's and
+    theirs (`body-types`, as a map's)."""
+    facts = _product(enc, "a_ta", "a_tb")
+    if enc.op == "matmul_t":
+        return [_rule(enc, facts, "(set (shape t) p) (set (dtype t) d)")]
+    typed = '(= l (TCons x0 (TCons x1 rest))) (body-types l a_body "" r)'
+    return [_rule(enc, typed, "(dom-need rest)"),
+            _rule(enc, f"{facts} (= e (dom rest))", "(bc-need e p)"),
+            _rule(enc, f"{facts} {typed} (= e (dom rest)) (= p (bcast e p))",
+                  "(set (shape t) p) (set (dtype t) r)")]
 
 
 def _map_reduce(enc: Encoding) -> list[str]:
@@ -404,7 +398,7 @@ def _map_reduce(enc: Encoding) -> list[str]:
             _rule(enc, "(= s (dom l))",
                   "(red-go s a_axes 0 (vec-empty)) (perm-go s a_axes 0 (vec-empty))"),
             _rule(enc, "(= s (dom l)) (= g (permuted s a_axes))", "(numel-go g 0 1)"),
-            _rule(enc, f'(= a_reduce "sum") {valid} (numeric-dtype d)',
+            _rule(enc, f'(= a_reduce "sum") {valid} (!= d "bool")',
                   "(set (shape t) r) (set (dtype t) d)"),
             _rule(enc, f'(!= a_reduce "sum") {valid} (= g (permuted s a_axes)) (> (numel g) 0)',
                   "(set (shape t) r) (set (dtype t) d)")]
