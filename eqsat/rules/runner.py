@@ -156,16 +156,17 @@ def _matches(outputs: list) -> tuple[dict[str, int], bool]:
 
 def saturate_egraph(eg: EGraph, rules: RuleSet, limits: Limits | None = None,
                     progress: bool = False, start: float | None = None,
-                    afford: float = math.inf) -> Report:
+                    afford: float = math.inf, program: str | None = None) -> Report:
     """Add `rules` to a loaded e-graph and run them within `limits` (the time limit counted
     from `start`, a `time.perf_counter` value, by default now); returns the report.
+    `program` is the rules' egglog program where the caller compiled it already.
 
     `afford` bounds the e-graph's size by time rather than memory: the e-nodes the caller can
     still serialize and extract within its own share of the time. A round that would grow the
     e-graph past it is not started (stop reason "time limit", predicted)."""
     limits = limits or Limits()
     start = time.perf_counter() if start is None else start
-    eg.add_rules(compile_ruleset(rules))
+    eg.add_rules(compile_ruleset(rules) if program is None else program)
     passes = [p for p in PASSES if p.enabled(rules)]
     names = set(rules.names()).union(*(p.rule_names for p in passes))
     first, _ = _matches(eg.load_outputs + eg.analyze())
@@ -236,5 +237,6 @@ def saturate(module: Module, rules: RuleSet, limits: Limits | None = None,
     run report; `bridge.LoadTimeout` where loading alone outlasts the time limit.
     """
     start = time.perf_counter()  # loading counts against the time limit too
-    eg = load(module, start + (limits or Limits()).seconds, compile_ruleset(rules))
-    return eg, saturate_egraph(eg, rules, limits, progress, start, afford)
+    program = compile_ruleset(rules)
+    eg = load(module, start + (limits or Limits()).seconds, program)
+    return eg, saturate_egraph(eg, rules, limits, progress, start, afford, program)
