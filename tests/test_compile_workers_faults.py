@@ -143,8 +143,8 @@ import eqsat
 from eqsat.backend import compile_workers, cpu, jit
 compile_workers.MIN_LINES = 0
 compile_workers.start(1)
-print("started", flush=True)
 try:
+    print("started", flush=True)
     time.sleep(30)
 except KeyboardInterrupt:
     pass
