@@ -134,7 +134,7 @@ def test_gradients_through_numpy_functions_match_central_differences(body):
     (lambda x: np.square(x > 0), "square of a bool tensor"),
     (lambda x: np.fmod(x, 2.0), "numpy's fmod (__call__) cannot run"),
     (lambda x: np.sort(x), "numpy's sort cannot run"),
-    (lambda x: np.tensordot(x, x, axes=1), "numpy's tensordot cannot run"),
+    (lambda x: np.flip(x), "numpy's flip cannot run"),
     (lambda x: np.where(x > 0), "np.where(condition) without x and y"),
     (lambda x: np.dot(np.stack([x, x]), x), "dot of rank 3 and 2 operands"),
     (lambda x: np.einsum("ii->i", x), "np.einsum('ii->i') cannot be traced"),

@@ -124,7 +124,7 @@ UFUNC_HANDLERS.update(absolute=ELEMENTWISE_FUNCTIONS["abs"], divide=divide,
                       floor_divide=floor_divide, matmul=matmul)
 
 # numpy's functions and ufuncs on traced values
-from . import dsl_composites, dsl_protocol, dsl_ufuncs  # noqa: E402,F401
+from . import dsl_composites, dsl_protocol, dsl_structure, dsl_ufuncs  # noqa: E402,F401
 
 __all__ = sorted([*ELEMENTWISE_FUNCTIONS, "broadcast_to", "cast", "concatenate", "divide",
                   "floor_divide", "matmul", "max", "mean", "min", "reshape", "sum", "transpose",
