@@ -37,7 +37,8 @@ UNARY = [np.exp, np.tanh, operator.neg, abs, lambda x: np.sqrt(abs(x)), np.squar
          lambda x: (x @ x.T)[..., :1] if x.ndim == 2 else (x @ x)[None],
          lambda x: np.concatenate([x, x], axis=-1)[..., 1::2],
          lambda x: x.var(axis=-1, keepdims=True), np.floor, lambda x: np.log1p(abs(x)), np.expm1,
-         np.isnan]
+         np.isnan, lambda x: np.triu(x, 1) if x.ndim == 2 else np.pad(x, (1, 0))[1:],
+         lambda x: np.full_like(x, 3)]
 
 
 def params(dtypes: list[type], kinds: list[str]) -> list[np.ndarray]:
