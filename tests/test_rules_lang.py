@@ -41,6 +41,29 @@ def test_rulesets_drop_rules_by_name():
         rules.without("div_bcast_recp")
 
 
+def test_the_built_in_set_is_parsed_once_and_each_caller_gets_a_set_of_its_own(monkeypatch):
+    from eqsat.rules import algebraic, defaults, layout
+    from eqsat.rules.fusion import fusion
+
+    fresh = algebraic() + layout() + fusion()
+    first = eqsat.rules.default()
+    assert first.rules == fresh.rules and first.name == fresh.name
+    mine = parse("rule mine: neg(neg(?x)) => ?x")
+    grown = first + mine
+    first.rules, first.name = first.rules[:3], "mutated"
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("default() parsed the built-in rule text again")
+
+    monkeypatch.setattr(eqsat.rules.lang, "parse", no_parse)
+    monkeypatch.setattr(defaults, "algebraic", no_parse)
+    again = eqsat.rules.default()
+    assert again is not first and again.rules == fresh.rules and again.name == fresh.name
+    assert "mine" not in again.names() and grown.names()[-1] == "mine"
+    ieee = eqsat.rules.default(ieee=True)
+    assert ieee.names() == [n for n in fresh.names() if n not in defaults.IEEE_UNSAFE]
+
+
 @pytest.mark.parametrize("text, line, col, message", [
     ("rule r: foo(?x) => ?x", 1, 9, "unknown op 'foo'"),
     ("\nrule r: add(?x) => ?x", 2, 9, "takes 2 operand"),
