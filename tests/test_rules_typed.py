@@ -272,3 +272,27 @@ def test_a_transposed_product_a_rule_makes_is_typed_by_its_flags(rhs, ops):
                        "  %t = transpose %a, perm=[1,0] : f32[4,8]\n"
                        "  %m = matmul %t, %b : f32[4,6]\n  return %m\n}")
     assert [s.op for s in out["f"].body] == ops
+
+
+def test_a_rule_set_is_compiled_once_until_a_rule_of_it_is_declared_well_typed(monkeypatch):
+    """The built-in set's program cost ~5 ms of every optimize: the same rules (the same
+    tuple, which `default()` hands out) compile once; declaring a rule of the set well-typed
+    afterwards gives the program of the rules as they are now."""
+    import eqsat.rules.compile as compile_mod
+
+    mine = parse("rule mine_twice: neg(neg(?x)) => ?x")
+    first = compile_ruleset(default())
+    mixed = compile_ruleset(mine)
+    calls = []
+    real = compile_mod.compile_rule
+    monkeypatch.setattr(compile_mod, "compile_rule", lambda *a: calls.append(a) or real(*a))
+    assert compile_ruleset(default()) == first and compile_ruleset(mine) == mixed
+    assert calls == []
+    for i in range(compile_mod.KEEP_PROGRAMS):  # others come and go; the one in use stays
+        compile_ruleset(parse(f"rule other{i}: neg(neg(?x)) => ?x"))
+        assert compile_ruleset(default()) == first
+    assert len(calls) == compile_mod.KEEP_PROGRAMS
+    calls.clear()
+    declare_well_typed(mine)
+    plain = compile_ruleset(mine)
+    assert plain != mixed and "(rewrite " in plain and len(calls) == 1
