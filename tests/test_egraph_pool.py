@@ -63,7 +63,38 @@ def test_optimizing_one_module_after_another_gives_each_its_own_program():
         x = np.linspace(-1, 1, 4, dtype=np.float32)
         np.testing.assert_allclose(eqsat.interpret(oa, "f", x, x), np.exp(2 * x), rtol=1e-6)
         np.testing.assert_allclose(eqsat.interpret(ob, "f", x), x * x, rtol=1e-6)
-    assert len(_kept(compile_ruleset(default()))) >= 1
+    # the built-in rules are all well-typed: their e-graph's analysis does not check types
+    assert len(egraph_pool.kept(compile_ruleset(default()), "unchecked")) >= 1
+
+
+def test_an_egraph_is_kept_per_schema_and_rule_set():
+    """An e-graph whose analysis does not check types (for well-typed rules) never serves a
+    load that asks for the checking one with the same rules, nor the other way round: each
+    module finds the analysis it asked for."""
+    rules = compile_ruleset(default())
+    m = eqsat.parse(A)
+    unchecked = bridge.load(m, rules=rules, checks=False)
+    native = unchecked.native
+    unchecked.close()
+    checked = bridge.load(m, rules=rules)
+    assert checked.native is not native and checked.checks
+    checked.close()
+    assert egraph_pool.kept(rules, "unchecked") == [native]
+    again = bridge.load(m, rules=rules, checks=False)
+    assert again.native is native and not again.checks
+    with pytest.raises(bridge.BridgeError, match="takes only the rules it was loaded with"):
+        again.add_rules(compile_ruleset(parse_rules("rule mine: neg(neg(?x)) => ?x")))
+    again.close()
+
+
+def test_a_user_rule_taking_the_typed_step_gets_the_checking_analysis():
+    mine = parse_rules("rule r: neg(?x) => neg(mul(?x, const(1.0, shape=[1], dtype=f32)))")
+    rules = default() + mine
+    eg, _ = saturate(eqsat.parse(A), rules)
+    assert eg.checks
+    eg.close()
+    assert len(egraph_pool.kept(compile_ruleset(rules), "checked")) == 1
+    assert egraph_pool.kept(compile_ruleset(rules), "unchecked") == []
 
 
 def test_an_egraph_whose_run_failed_is_dropped():

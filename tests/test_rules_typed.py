@@ -296,3 +296,38 @@ def test_a_rule_set_is_compiled_once_until_a_rule_of_it_is_declared_well_typed(m
     declare_well_typed(mine)
     plain = compile_ruleset(mine)
     assert plain != mixed and "(rewrite " in plain and len(calls) == 1
+
+
+def _saturated(module: eqsat.Module, checks: bool) -> Serialized:
+    from eqsat.rules import Limits, load, saturate_egraph
+
+    rules = default()
+    program = compile_ruleset(rules)
+    eg = load(module, rules=program, checks=checks)
+    try:
+        saturate_egraph(eg, rules, Limits(seconds=float("inf")), program=program)
+        return eg.serialize()
+    finally:
+        eg.close()
+
+
+@pytest.mark.parametrize("example", ["mlp", "transformer"])
+def test_the_unchecked_analysis_types_what_the_checking_one_does(example):
+    """For a set of well-typed rules (the built-in ones) the analysis computes types without
+    checking the op type rules: every term such a set and the fusion pass make types. The
+    saturated e-graph is the same, class for class and type for type."""
+    m = eqsat.differentiate(eqsat.parse((EXAMPLES / f"{example}.eqir").read_text()))
+    checked, unchecked = _saturated(m, True), _saturated(m, False)
+    assert _signature(unchecked) == _signature(checked) and ill_typed_nodes(unchecked) == []
+
+
+def _signature(ser: Serialized) -> tuple:
+    """The e-graph up to the ids egglog gave its classes: each node as its op, attributes,
+    its class's type and its operands' types (None: untyped), and each class's type."""
+    from collections import Counter
+
+    nodes = Counter((n.op, repr(n.attrs), ser.types.get(n.eclass),
+                     tuple(ser.types.get(c) for c in n.children)) for n in ser.nodes.values())
+    classes = Counter(ser.types.get(c) for c in ser.classes)
+    roots = {f: [ser.types.get(c) for c in cs] for f, cs in ser.roots.items()}
+    return nodes, classes, roots

@@ -118,16 +118,19 @@ _ANALYSIS = f"(run-schedule (saturate (run {schema.ANALYSIS})))"
 class EGraph:
     """A module loaded into egglog: the native e-graph plus what is needed to read it back."""
 
-    def __init__(self, module: Module, deadline: float = math.inf, rules: str = ""):
+    def __init__(self, module: Module, deadline: float = math.inf, rules: str = "",
+                 checks: bool = True):
         if module.grad_decls:
             raise BridgeError("the module still has gradient declarations; expand them with "
                               "eqsat.differentiate before loading it into an e-graph")
         verify(module)
         self.module = module
         self.rules = rules  # the rule set program declared below the module (see add_rules)
+        self.checks = checks  # whether the analysis checks types (see schema.prelude)
         self.failed = False
         self.thread = threading.get_ident()  # the only thread that may use it (see egraph_pool)
-        self.native = egraph_pool.take(rules, _fresh_native, _declare)
+        self.native = egraph_pool.take(rules, lambda: _fresh_native(checks), _declare,
+                                       _schema_name(checks))
         self.encodings = schema.encodings()
         self.lets: dict[str, tuple[str, str]] = {}  # let name -> (function, value name)
         self.root_lets: dict[str, list[str]] = {}
@@ -156,8 +159,12 @@ class EGraph:
             raise
 
     def add_rules(self, program: str) -> None:
-        """Declare a rule set's egglog program, unless it was declared with the schema."""
+        """Declare a rule set's egglog program, unless it was declared with the schema; an
+        e-graph whose analysis does not check types takes no rules but its own."""
         if program != self.rules:
+            if not self.checks:
+                raise BridgeError("this e-graph's type analysis does not check types: it "
+                                  "takes only the rules it was loaded with")
             self.run(program)
 
     def close(self) -> None:
@@ -167,7 +174,7 @@ class EGraph:
         native, self.native = self.native, None
         if native is not None and not self.failed and threading.get_ident() == self.thread:
             try:
-                egraph_pool.give(native, self.rules, _declare)
+                egraph_pool.give(native, self.rules, _declare, _schema_name(self.checks))
             except Exception:  # egglog refused the pop: the e-graph is dropped, not reused
                 pass
 
@@ -241,16 +248,22 @@ class EGraph:
         return _Builder(self, choices).module(name)
 
 
-def load(module: Module, deadline: float = math.inf, rules: str = "") -> EGraph:
+def load(module: Module, deadline: float = math.inf, rules: str = "",
+         checks: bool = True) -> EGraph:
     """Load every function of a verified module (no gradient declarations) into an e-graph
     where the rule set program `rules` is declared; `LoadTimeout` past `deadline` (a
-    `time.perf_counter` value)."""
-    return EGraph(module, deadline, rules)
+    `time.perf_counter` value). `checks=False`: the type analysis computes types without
+    checking them (`schema.prelude`), only for `rules` of rules all declared well-typed."""
+    return EGraph(module, deadline, rules, checks)
 
 
-def _fresh_native() -> Any:
+def _schema_name(checks: bool) -> str:
+    return "checked" if checks else "unchecked"
+
+
+def _fresh_native(checks: bool = True) -> Any:
     native = bindings.EGraph()
-    _declare(native, schema.prelude())
+    _declare(native, schema.prelude(checks))
     return native
 
 

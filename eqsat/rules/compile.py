@@ -341,3 +341,10 @@ def compile_ruleset(rules: RuleSet) -> str:
         _PROGRAMS.pop(next(iter(_PROGRAMS), None), None)
     _PROGRAMS[id(held)] = (held, typed, program)
     return program
+
+
+def checks_types(rules: RuleSet) -> bool:
+    """Whether the e-graph's type analysis must check the op type rules for `rules`: where a
+    rule takes the typed step. A set of well-typed rules makes only terms that type, and the
+    analysis may just compute their types (`schema.prelude(checks=False)`)."""
+    return not all(is_well_typed(r) for r in rules)

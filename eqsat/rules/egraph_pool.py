@@ -5,7 +5,9 @@ in a new egglog e-graph, and the first runs that compile their queries, cost mor
 saturating a small program does: ~0.2 s of every `optimize` in a warm process. egglog's `push`
 and `pop` save and restore a whole e-graph, so an e-graph is handed out pushed above its
 declarations and, when its module is done with, popped back and kept for the next one: each
-declaration is paid once per process, thread and rule set. An e-graph whose use failed is
+declaration is paid once per process, thread, schema and rule set. The schema is the
+prelude's variant (checked, or unchecked for sets of well-typed rules: `schema.prelude`):
+an e-graph is kept under both names, so none declared for one is handed out for another. An e-graph whose use failed is
 dropped, never reused.
 
 egglog's e-graph belongs to the thread that made it (pyo3 panics where another thread uses
@@ -52,17 +54,17 @@ class _Native:
 
 
 class _Kept(threading.local):
-    """One thread's kept e-graphs: rule set program -> holder, least recent first."""
+    """One thread's kept e-graphs: (schema, rule set program) -> holder, least recent first."""
 
     def __init__(self) -> None:
-        self.natives: OrderedDict[str, _Native] = OrderedDict()
+        self.natives: OrderedDict[tuple[str, str], _Native] = OrderedDict()
         self.generation = _generation
 
 
 _local = _Kept()
 
 
-def _own() -> OrderedDict[str, _Native]:
+def _own() -> OrderedDict[tuple[str, str], _Native]:
     """This thread's kept e-graphs, emptied where `clear` was called since it last looked."""
     if _local.generation != _generation:
         _local.natives.clear()
@@ -70,11 +72,13 @@ def _own() -> OrderedDict[str, _Native]:
     return _local.natives
 
 
-def take(rules: str, make: Callable[[], Any], declare: Callable[[Any, str], None]) -> Any:
-    """A native e-graph with the schema and `rules` (egglog program text, "" for none)
-    declared, pushed: one this thread kept, else `make()` declared through
-    `declare(native, program)` (the schema is `make`'s to declare). It may be used and given
-    back by this thread only; ForkedProcessError in a process forked after egglog ran."""
+def take(rules: str, make: Callable[[], Any], declare: Callable[[Any, str], None],
+         schema: str = "checked") -> Any:
+    """A native e-graph with the schema variant `schema` and `rules` (egglog program text, ""
+    for none) declared, pushed: one this thread kept for both, else `make()` declared through
+    `declare(native, program)` (the schema is `make`'s to declare, the variant `schema` names).
+    It may be used and given back by this thread only; ForkedProcessError in a process forked
+    after egglog ran."""
     global _made
     if _forked_after_use:
         raise ForkedProcessError(
@@ -85,7 +89,7 @@ def take(rules: str, make: Callable[[], Any], declare: Callable[[Any, str], None
             "multiprocessing.get_context('spawn') or 'forkserver', or before the first "
             "optimization; programs whose optimization is in eqsat's disk cache still "
             "compile here.")
-    kept = _own().pop(rules, None)
+    kept = _own().pop((schema, rules), None)
     if kept is not None:
         return kept.native
     _made = True
@@ -96,22 +100,24 @@ def take(rules: str, make: Callable[[], Any], declare: Callable[[Any, str], None
     return native
 
 
-def give(native: Any, rules: str, declare: Callable[[Any, str], None]) -> None:
+def give(native: Any, rules: str, declare: Callable[[Any, str], None],
+         schema: str = "checked") -> None:
     """Pop `native` (taken by this thread) back to its declarations and keep it for this
-    thread's next `take(rules)`."""
+    thread's next `take(rules, ..., schema)`."""
     declare(native, "(pop)")
     declare(native, "(push)")
     kept = _own()
-    if rules not in kept:
-        kept[rules] = _Native(native)
-    kept.move_to_end(rules)
+    key = (schema, rules)
+    if key not in kept:
+        kept[key] = _Native(native)
+    kept.move_to_end(key)
     while len(kept) > KEEP_RULE_SETS:
         kept.popitem(last=False)
 
 
-def kept(rules: str) -> list[Any]:
-    """The e-graphs this thread keeps for `rules` (for tests and reports)."""
-    kept = _own().get(rules)
+def kept(rules: str, schema: str = "checked") -> list[Any]:
+    """The e-graphs this thread keeps for `rules` over `schema` (for tests and reports)."""
+    kept = _own().get((schema, rules))
     return [] if kept is None else [kept.native]
 
 

@@ -24,7 +24,7 @@ from ..errors import Error
 from ..ir.module import Module
 from . import schema
 from .bridge import EGraph, load
-from .compile import compile_ruleset
+from .compile import checks_types, compile_ruleset
 from .lang import RuleSet
 
 class Pass(Protocol):
@@ -238,5 +238,5 @@ def saturate(module: Module, rules: RuleSet, limits: Limits | None = None,
     """
     start = time.perf_counter()  # loading counts against the time limit too
     program = compile_ruleset(rules)
-    eg = load(module, start + (limits or Limits()).seconds, program)
+    eg = load(module, start + (limits or Limits()).seconds, program, checks_types(rules))
     return eg, saturate_egraph(eg, rules, limits, progress, start, afford, program)

@@ -407,8 +407,10 @@ _WELL_TYPED: set[Rule] = set()
 def declare_well_typed(rules: RuleSet) -> RuleSet:
     """`rules`, each recorded as typing alike on both sides wherever its left side types:
     compiled without the typed step (which costs analysis rules typing the kernels it makes,
-    a fifth to a third of a small program's optimize for the built-in set). A rule declared so
-    that is not makes egglog refuse a merge: optimize keeps its input with a warning."""
+    a fifth to a third of a small program's optimize for the built-in set); a set of such
+    rules alone also gets the type analysis that does not check (`schema.prelude`). A rule
+    declared so that is not makes egglog refuse a merge, or leaves a term typed wrongly that
+    the extracted module's verification refuses: optimize keeps its input."""
     _WELL_TYPED.update(rules)
     for r in rules:
         r.__dict__["well_typed"] = True  # compile asks per rule, twice an optimize: no hashing
