@@ -385,3 +385,45 @@ def test_a_process_pool_compiling_with_workers_started_here_first(workers, metho
     with multiprocessing.get_context(method).Pool(2) as pool:
         assert pool.map(_compile_and_check, range(1, 5)) == [2] * 4
     assert _compile_and_check(5) == 2
+
+
+def _ended(w: compile_workers._Worker) -> bool:
+    return w.proc.returncode is not None and w.proc.stdin.closed and w.replies.closed
+
+
+@pytest.mark.parametrize("how", ["argument", "setting"])
+def test_starting_fewer_workers_ends_the_extras(workers, monkeypatch, how):
+    """start(n) leaves n workers: asked for fewer than run (a smaller count, or the default
+    one after the load rose), the extras kept running for the life of the process."""
+    workers(3)
+    first, *extras = compile_workers._workers
+    if how == "setting":
+        monkeypatch.setenv("EQSAT_COMPILE_WORKERS", "1")
+        compile_workers.start()
+    else:
+        compile_workers.start(1)
+    assert compile_workers._workers == [first] and first.alive()
+    assert all(_ended(w) for w in extras)
+    compile_workers.start(0)
+    assert compile_workers._workers == [] and _ended(first)
+
+
+def test_an_extra_worker_with_a_part_finishes_it_then_ends(workers, monkeypatch):
+    """A worker made extra while it compiles a part (start(0) in another thread, here while
+    this process compiles its own part) is not killed under it: its part comes back, and
+    the worker ends once its exchange is done."""
+    errors = workers(2)
+    running = list(compile_workers._workers)
+    real = jit.compile_object
+
+    def local(text: str) -> bytes:
+        compile_workers.start(0)
+        return real(text)
+
+    monkeypatch.setattr(jit, "compile_object", local)
+    m = _program()
+    blob = compile_workers.compile_objects(cpu.lower(m)[0])
+    monkeypatch.setattr(jit, "compile_object", real)
+    assert len(jit.unpack_objects(blob)) == 3 and errors == []
+    assert compile_workers._workers == [] and all(_ended(w) for w in running)
+    _check_runs(m, blob)

@@ -76,6 +76,17 @@ class _Worker:
         self.replies = os.fdopen(read_end, "rb", buffering=0)
         self.busy = threading.Lock()
         self.ready = False
+        self.retired = False  # out of the pool: ended by whoever holds it last
+
+    def release(self) -> None:
+        """Let go of `busy`; a worker retired meanwhile is ended (by this holder or, where
+        it retires the worker after this check, by `_retire`)."""
+        self.busy.release()
+        if self.retired and self.busy.acquire(blocking=False):
+            try:
+                self.discard()
+            finally:
+                self.busy.release()
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -157,9 +168,21 @@ def _is_python(executable: str | None) -> bool:
     return bool(re.fullmatch(r"(python|pypy)[\d.]*(\.exe)?", name))
 
 
+def _retire(w: _Worker) -> None:
+    """End a worker taken out of `_workers`: now where no compile holds it, else once its
+    holder lets go of it (`release`), its exchange done."""
+    w.retired = True
+    if w.busy.acquire(blocking=False):
+        try:
+            w.discard()
+        finally:
+            w.busy.release()
+
+
 def start(count: int | None = None) -> None:
     """Have `count` workers running (default: EQSAT_COMPILE_WORKERS or the usable cores less
-    one, at most 3), starting those missing; returns without waiting for them to be ready."""
+    one, at most 3), starting those missing and ending the newest beyond `count` (one with a
+    part ends once its part is done); returns without waiting for them to be ready."""
     global _broken
     want = compile_workers() if count is None else count
     if want and not _is_python(sys.executable):
@@ -168,11 +191,11 @@ def start(count: int | None = None) -> None:
         # one that died before it was ready cannot start here (it could not import eqsat, say):
         # its successors would fail alike, so none is started again
         _broken = _broken or any(not w.ready and not w.alive() for w in _workers)
-        for w in [w for w in _workers if not w.alive()]:
+        gone = [w for w in _workers if not w.alive()]
+        gone += [w for w in _workers if w not in gone][want:]
+        for w in gone:
             _workers.remove(w)
-            if w.busy.acquire(blocking=False):  # else its holder lets go of it (discard)
-                w.discard()
-                w.busy.release()
+            _retire(w)
         while not _broken and len(_workers) < want:
             try:
                 _workers.append(_Worker())
@@ -224,7 +247,7 @@ class _Exchange:
         except WorkerError:
             pass  # compiled by the process that asked, where a real error is raised
         finally:
-            self.worker.busy.release()
+            self.worker.release()
 
     def cancel(self) -> None:
         """Give the worker back, unless the thread runs already (then it does)."""
@@ -232,7 +255,7 @@ class _Exchange:
             if self._state != "new":
                 return
             self._state = "cancelled"
-        self.worker.busy.release()
+        self.worker.release()
 
 
 def _idle() -> list[_Worker]:
@@ -244,7 +267,7 @@ def _idle() -> list[_Worker]:
                 if w.usable():
                     idle.append(w)
                 else:
-                    w.busy.release()
+                    w.release()
     return idle
 
 
@@ -256,10 +279,10 @@ def compile_objects(text: str) -> bytes:
         parts = llvm_split.split(text, len(idle) + 1, MIN_LINES) if idle else [text]
     except BaseException:
         for w in idle:
-            w.busy.release()
+            w.release()
         raise
     for w in idle[len(parts) - 1:]:
-        w.busy.release()
+        w.release()
     if len(parts) == 1:
         return jit.compile_object(text)
     # the smallest part here: this process also loads the objects when they are done
