@@ -255,6 +255,20 @@ def test_worker_count_setting(monkeypatch):
     assert count() == 2
 
 
+@pytest.mark.parametrize("optimize", [True, False])
+def test_a_bad_worker_count_is_an_error_at_every_compile(monkeypatch, tmp_path, optimize):
+    """EQSAT_COMPILE_WORKERS was read only where a compile optimized a program anew: a typo
+    went unnoticed while the optimization was cached, or without optimizing at all."""
+    monkeypatch.setenv("EQSAT_CACHE_DIR", str(tmp_path))
+    m = eqsat.parse((EXAMPLES / "mlp.eqir").read_text())
+    eqsat.compile(m, optimize=optimize)
+    monkeypatch.setenv("EQSAT_COMPILE_WORKERS", "tw0")
+    with pytest.raises(eqsat.Error, match="EQSAT_COMPILE_WORKERS"):
+        eqsat.compile(m, optimize=optimize)
+    with pytest.raises(eqsat.Error, match="EQSAT_COMPILE_WORKERS"):
+        compile_module(eqsat.differentiate(m), cache_dir=None)
+
+
 def test_compile_starts_workers_only_when_it_optimizes(monkeypatch, tmp_path):
     """eqsat.compile starts the workers before it optimizes a program not optimized before;
     a compile without optimization, or of a program whose optimization is cached, starts none."""

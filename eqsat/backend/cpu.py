@@ -154,6 +154,7 @@ def compile_module(module: Module, cache_dir: Path | str | None | object = _DEFA
     the module text, target and code generator.
     """
     module = plain_module(module, "compile_module")
+    settings.requested_compile_workers()  # a bad value is an error at every compile
     if cache_dir == "":
         raise Error("cache_dir is empty: pass None to turn the disk cache off, or a directory "
                     "('.' for the current one)")
