@@ -210,8 +210,8 @@ def test_a_process_on_one_core_starts_no_worker():
 # promising more bytes than follow, then exits (killed while replying).
 HALF_REPLY = (
     "import os, struct, sys\n"
-    "from eqsat.backend.compile_workers import _REQUEST, _REPLY, _READY, _read\n"
-    "out = os.fdopen(int(sys.argv[1]), 'wb', buffering=0); out.write(_READY)\n"
+    "from eqsat.backend.compile_workers import _REQUEST, _REPLY, _hello, _read\n"
+    "out = os.fdopen(int(sys.argv[1]), 'wb', buffering=0); out.write(_hello())\n"
     "size, _, _ = _REQUEST.unpack(_read(sys.stdin.buffer, _REQUEST.size))\n"
     "_read(sys.stdin.buffer, size)\n"
     "out.write(_REPLY.pack(1, 1 << 20) + b'\\x7fELF')\n"
@@ -219,8 +219,8 @@ HALF_REPLY = (
 # One whose reply pipe is closed once it is ready; it stays alive, reading its requests.
 PIPE_CLOSED = (
     "import os, sys, time\n"
-    "from eqsat.backend.compile_workers import _READY\n"
-    "os.write(int(sys.argv[1]), _READY); os.close(int(sys.argv[1]))\n"
+    "from eqsat.backend.compile_workers import _hello\n"
+    "os.write(int(sys.argv[1]), _hello()); os.close(int(sys.argv[1]))\n"
     "while sys.stdin.buffer.read(1 << 16):\n"
     "    pass\n")
 

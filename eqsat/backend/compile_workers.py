@@ -10,7 +10,10 @@ running workers, or for a module too small to pay for the exchange, compiling ha
 before; a worker that fails or dies has its part compiled here (where a real error shows). How
 many run: EQSAT_COMPILE_WORKERS, by default one less than the usable cores, at most 3 (0: none).
 A worker answers on a pipe of its own (its file descriptor is its one argument), not on its
-stdout: whatever its Python prints (a site's banner) is no reply.
+stdout: whatever its Python prints (a site's banner) is no reply. It says it is ready with the
+fingerprint of the code generator it imported (`jit.fingerprint`): one that imported source
+edited since this process imported its own would compile with other code than the objects'
+cache key says, and is not used.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from .settings import compile_workers
 MIN_LINES = 1000
 _REQUEST = struct.Struct("<QII")  # text bytes, -O level, unroll
 _REPLY = struct.Struct("<BQ")  # ok, payload bytes
-_READY = b"R"  # what a worker writes once it can take requests
+_READY = b"R"  # what a worker writes once it can take requests, then its `jit.fingerprint()`
 
 _workers: list[_Worker] = []
 _lock = threading.Lock()
@@ -76,6 +79,7 @@ class _Worker:
         self.replies = os.fdopen(read_end, "rb", buffering=0)
         self.busy = threading.Lock()
         self.ready = False
+        self.said = b""  # of its hello so far
         self.retired = False  # out of the pool: ended by whoever holds it last
 
     def release(self) -> None:
@@ -92,15 +96,25 @@ class _Worker:
         return self.proc.poll() is None
 
     def usable(self) -> bool:
-        """Alive and done starting (it says so with one byte): a part sent to a worker still
-        importing would wait for it, where this process might have compiled it already.
-        Called with `busy` held."""
+        """Alive and done starting: a part sent to a worker still importing would wait for
+        it, where this process might have compiled it already. A worker says it is ready
+        with the fingerprint of the code it runs (`_hello`): one that imported other source
+        (edited since this process imported its own) would compile with other code than
+        this process caches its objects under, so it is ended (and, as one that died before
+        it was ready, none is started again). Called with `busy` held."""
         if not self.ready and self.alive():
+            hello = _hello()
             try:
                 readable, _, _ = select.select([self.replies], [], [], 0)
-                self.ready = bool(readable) and _read(self.replies, 1) == _READY
-            except (OSError, ValueError, WorkerError):
-                self.ready = False
+                # one read, of what is there: never waits for the rest of a hello
+                chunk = self.replies.read(len(hello) - len(self.said)) if readable else None
+            except (OSError, ValueError):
+                chunk = b""
+            if chunk is not None:
+                self.said += chunk
+                if not chunk or not hello.startswith(self.said):
+                    self.discard()  # it ended, or runs other code
+                self.ready = self.said == hello
         return self.ready and self.alive()
 
     def compile(self, text: str, level: int, unroll: bool) -> bytes:
@@ -159,6 +173,12 @@ def _read(pipe: Any, size: int) -> bytes:
         chunks.append(chunk)
         left -= len(chunk)
     return b"".join(chunks)
+
+
+def _hello() -> bytes:
+    """What a worker writes once it is ready: one byte, and the fingerprint of the code it
+    compiles with (a millisecond at its start: it reads the backend's source)."""
+    return _READY + jit.fingerprint().encode()
 
 
 def _is_python(executable: str | None) -> bool:
@@ -314,7 +334,7 @@ def serve() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     inp, out = sys.stdin.buffer, os.fdopen(int(sys.argv[1]), "wb", buffering=0)
     jit.target_machine()
-    out.write(_READY)
+    out.write(_hello())
     out.flush()
     while True:
         try:
