@@ -36,7 +36,7 @@ def _defined(text: str) -> dict[str, bool]:
 @pytest.fixture
 def workers(monkeypatch):
     """Compile workers running, every module large enough to split; stopped afterwards."""
-    monkeypatch.setattr(compile_workers, "MIN_LINES", 0)
+    monkeypatch.setattr(compile_workers, "MIN_COST", 0)
 
     def run(count: int) -> None:
         compile_workers.stop()
@@ -86,7 +86,7 @@ def test_kernels_called_directly_stay_internal_and_specialized():
 
 def test_small_modules_stay_whole():
     text, _ = cpu.lower(_program("mlp.eqir"))
-    assert llvm_split.split(text, 2, min_lines=10**6) == [text]
+    assert llvm_split.split(text, 2, min_cost=10**6) == [text]
     assert llvm_split.split(text, 1) == [text]
 
 
@@ -130,7 +130,7 @@ def test_a_dead_worker_is_replaced_by_compiling_here(workers):
 
 def test_a_worker_still_starting_is_not_waited_for(monkeypatch):
     """A part goes only to a worker that said it is ready: before, this process compiles all."""
-    monkeypatch.setattr(compile_workers, "MIN_LINES", 0)
+    monkeypatch.setattr(compile_workers, "MIN_COST", 0)
     compile_workers.stop()
     compile_workers.start(1)
     try:
@@ -302,3 +302,21 @@ def test_a_request_is_written_whole_where_the_pipe_takes_part_of_each_write():
     pipe, data = Short(), bytes(range(256)) * 40
     compile_workers._write(pipe, data)
     assert pipe.got == data
+
+
+def test_parts_take_about_equal_compile_times():
+    """The transformer block in two parts: balanced by lines of IR, one part took 1.6-1.7x
+    the other's LLVM time (its kernels' many small functions cost more than their lines
+    say). CPU times, medians of interleaved rounds; balanced, the ratio is 1.0-1.1."""
+    import time
+
+    text, _ = cpu.lower(eqsat.optimize(_program("transformer.eqir")))
+    pieces = llvm_split.split(text, 2)
+    times: list[list[float]] = [[], []]
+    for _ in range(3):
+        for piece, spent in zip(pieces, times):
+            t0 = time.process_time()
+            jit.compile_object(piece)
+            spent.append(time.process_time() - t0)
+    slow, fast = sorted((float(np.median(t)) for t in times), reverse=True)
+    assert slow / fast < 1.4, (slow, fast)

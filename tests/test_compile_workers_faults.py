@@ -38,7 +38,7 @@ def _program(name: str = "mlp.eqir") -> eqsat.Module:
 def workers(monkeypatch):
     """`workers(n)`: n compile workers running, every module large enough to split; stopped
     afterwards. Exceptions that end a thread are collected in the list it yields."""
-    monkeypatch.setattr(compile_workers, "MIN_LINES", 0)
+    monkeypatch.setattr(compile_workers, "MIN_COST", 0)
     errors: list[BaseException] = []
     monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
 
@@ -88,7 +88,7 @@ EXIT_SCRIPT = """
 import sys, threading, time
 import eqsat
 from eqsat.backend import compile_module, compile_workers, jit
-compile_workers.MIN_LINES = 0
+compile_workers.MIN_COST = 0
 compile_workers.start(1)
 while not all(w.usable() for w in compile_workers._workers):
     time.sleep(0.01)
@@ -141,7 +141,7 @@ CTRL_C_SCRIPT = """
 import sys, time
 import eqsat
 from eqsat.backend import compile_workers, cpu, jit
-compile_workers.MIN_LINES = 0
+compile_workers.MIN_COST = 0
 compile_workers.start(1)
 try:
     print("started", flush=True)
@@ -278,7 +278,7 @@ def test_workers_import_this_eqsat_whatever_the_current_directory_holds(monkeypa
     (tmp_path / "eqsat.py").write_text("raise SystemExit(7)\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(compile_workers, "_broken", False)
-    monkeypatch.setattr(compile_workers, "MIN_LINES", 0)
+    monkeypatch.setattr(compile_workers, "MIN_COST", 0)
     compile_workers.stop()
     try:
         compile_workers.start(1)
@@ -296,7 +296,7 @@ BANNER_SCRIPT = """
 import sys, time
 import eqsat
 from eqsat.backend import compile_workers, cpu, jit
-compile_workers.MIN_LINES = 0
+compile_workers.MIN_COST = 0
 compile_workers.start(1)
 worker = compile_workers._workers[0]
 deadline = time.monotonic() + 60
@@ -361,7 +361,7 @@ def test_an_interrupt_during_the_local_part_then_compiling_again(workers, monkey
 def _compile_and_check(n: int) -> int:
     """A pool task: compile a program of its own (workers of this process, started here
     where it has none) and check it against the interpreter; returns the parts it had."""
-    compile_workers.MIN_LINES = 0
+    compile_workers.MIN_COST = 0
     start_ready(1)
     m = eqsat.differentiate(eqsat.parse(
         (EXAMPLES / "mlp.eqir").read_text().replace("128", str(8 + n))))

@@ -33,7 +33,7 @@ def test_a_worker_running_other_eqsat_source_is_not_used(monkeypatch, tmp_path, 
                         f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
                         + compile_workers._Worker.COMMAND)
     monkeypatch.setattr(compile_workers, "_broken", False)
-    monkeypatch.setattr(compile_workers, "MIN_LINES", 0)
+    monkeypatch.setattr(compile_workers, "MIN_COST", 0)
     compile_workers.stop()
     try:
         compile_workers.start(1)

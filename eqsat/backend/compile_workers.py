@@ -33,9 +33,9 @@ from typing import Any
 from . import jit, llvm_split
 from .settings import compile_workers
 
-# Lines of function bodies below which one process compiles the module faster than splitting
-# and exchanging it (about 0.1 s of LLVM).
-MIN_LINES = 1000
+# The estimated cost (llvm_split._cost: ~23,000 a second of LLVM) below which one process
+# compiles the module faster than splitting and exchanging it (about 0.1 s of LLVM).
+MIN_COST = 2000
 _REQUEST = struct.Struct("<QII")  # text bytes, -O level, unroll
 _REPLY = struct.Struct("<BQ")  # ok, payload bytes
 _READY = b"R"  # what a worker writes once it can take requests, then its `jit.fingerprint()`
@@ -296,7 +296,7 @@ def compile_objects(text: str) -> bytes:
     parallel, where workers are running and the module is large enough to pay; else here."""
     idle = _idle()
     try:
-        parts = llvm_split.split(text, len(idle) + 1, MIN_LINES) if idle else [text]
+        parts = llvm_split.split(text, len(idle) + 1, MIN_COST) if idle else [text]
     except BaseException:
         for w in idle:
             w.release()

@@ -1,7 +1,8 @@
 """Cut a program's LLVM IR text into parts that compile separately, for parallel compilation.
 
 LLVM's pipeline and code generation are most of a cold compile and work function by function,
-so a module cut into parts of about equal size compiles in about the time of its largest part
+so a module cut into parts of about equal cost (`_cost`: instructions, and a fixed cost per
+function) compiles in about the time of its largest part
 when each part compiles in its own process (see compile_workers.py). The unit of the cut is a
 *cluster*: an entry function with its out-of-line parts, or a kernel `kN` the thread pool runs
 with the functions named `kN.*` that only it calls (its thread task, epilogue, body). Helpers
@@ -90,15 +91,30 @@ def _called_directly(functions: dict[str, _Function]) -> set[str]:
     return out
 
 
+# What a function costs LLVM beyond its instructions, in instructions. Fitted to the compile
+# times of the benchmark programs' clusters compiled alone (llvmlite 0.50, O2): about 7 ms a
+# function and 5-25 us an instruction; a kernel's small out-of-line parts (thread task,
+# epilogue, its body) each run the whole pipeline, and its inner loops, however short, are
+# vectorized into many times their code. Balanced by lines instead, the transformer block's
+# larger part took 1.25x the mean of two (1.2x of three); with this, 1.0-1.05x.
+FUNCTION_COST = 100
+
+
+def _cost(fn: _Function) -> int:
+    """An estimate of the LLVM time of `fn`, in instructions: its instructions (the printer
+    indents them; labels and braces are at column 0) and `FUNCTION_COST`."""
+    return FUNCTION_COST + sum(line.startswith("  ") for line in fn.lines)
+
+
 def _declaration(fn: _Function) -> str:
     head = fn.lines[0].rstrip().removesuffix("{").rstrip()
     return "declare " + head.removeprefix("define ").removeprefix("internal ")
 
 
-def split(text: str, parts: int, min_lines: int = 0) -> list[str]:
-    """`text` cut into at most `parts` modules of about equal size that together define what it
-    defines (one part, the text itself, when it is smaller than `min_lines` lines of function
-    bodies or has fewer clusters than parts)."""
+def split(text: str, parts: int, min_cost: int = 0) -> list[str]:
+    """`text` cut into at most `parts` modules of about equal cost (`_cost`) that together
+    define what it defines (one part, the text itself, when its functions cost less than
+    `min_cost` or it has fewer clusters than parts)."""
     other, functions = _parse(text)
     by_cluster: dict[str | None, list[str]] = {}
     for name in functions:
@@ -130,9 +146,9 @@ def split(text: str, parts: int, min_lines: int = 0) -> list[str]:
         return seen
 
     helpers = {c: reach(names) for c, names in clusters.items()}
-    weight = {c: sum(len(functions[n].lines) for n in names) +
-              sum(len(shared[h].lines) for h in helpers[c]) for c, names in clusters.items()}
-    if parts < 2 or len(clusters) < 2 or sum(weight.values()) < min_lines:
+    weight = {c: sum(_cost(functions[n]) for n in names) +
+              sum(_cost(shared[h]) for h in helpers[c]) for c, names in clusters.items()}
+    if parts < 2 or len(clusters) < 2 or sum(weight.values()) < min_cost:
         return [text]
 
     # equal kernels (up to their names) stay together, where function merging finds them
