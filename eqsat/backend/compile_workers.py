@@ -353,10 +353,10 @@ def serve() -> None:
 
 def _forget_after_fork() -> None:
     """A forked child shares its parent's pipes: it closes its copies (the workers stay the
-    parent's) and starts workers of its own when it compiles; the lock may have been held by
-    another thread of the parent, so the child gets a new one."""
-    global _lock
-    _lock = threading.Lock()
+    parent's) and starts workers of its own when it compiles. The fork waited for `_lock`, so
+    no worker was half made: a child forked while `start` had a worker's reply pipe open, not
+    yet in `_workers`, kept that end open, and the worker's death never read as an end in
+    the parent while the child lived."""
     for w in _workers:
         for pipe in (w.proc.stdin, w.replies):
             if pipe is not None:
@@ -365,5 +365,6 @@ def _forget_after_fork() -> None:
 
 
 atexit.register(stop)
+jit.hold_across_fork(_lock)  # after jit's own: `_idle` asks LLVM for the fingerprint inside it
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_after_fork)

@@ -1,0 +1,60 @@
+"""Compile workers against the rest of the process: forks from other threads, and workers
+that stop answering. Whatever happens, a compile ends and nothing waits for good."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import threading
+import time
+
+from eqsat.backend import compile_workers
+
+
+def test_a_fork_while_a_worker_starts_keeps_no_end_of_its_pipes(monkeypatch):
+    """Another thread forks (a multiprocessing pool) while start() makes a worker: the child
+    kept a copy of the end the worker replies on, which the child's after-fork cleanup did
+    not know of yet (the worker was not in the pool), so a worker that died then never read
+    as ended here while the child lived, and a compile waiting for its reply waited that
+    long. A fork now waits until start() is done."""
+    real = subprocess.Popen
+    hold_r, hold_w = os.pipe()
+    forked = threading.Event()
+    pids: list[int] = []
+
+    def fork() -> None:
+        pid = os.fork()
+        if pid == 0:  # the child: lives until the test lets it go
+            os.close(hold_w)
+            os.read(hold_r, 1)
+            os._exit(0)
+        pids.append(pid)
+        forked.set()
+
+    def popen(*args, **kwargs):
+        threading.Thread(target=fork).start()
+        forked.wait(timeout=1)  # a fork that can happen now does so, mid-start
+        return real(*args, **kwargs)
+
+    compile_workers.stop()
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    try:
+        compile_workers.start(1)
+        monkeypatch.setattr(subprocess, "Popen", real)
+        worker = compile_workers._workers[0]
+        deadline = time.monotonic() + 60
+        while not worker.usable():
+            assert worker.alive() and time.monotonic() < deadline, "the worker did not start"
+            time.sleep(0.01)
+        assert forked.wait(timeout=60)
+        worker.proc.kill()
+        worker.proc.wait()
+        readable, _, _ = select.select([worker.replies], [], [], 10)
+        assert readable and worker.replies.read(1) == b""
+    finally:
+        os.close(hold_w)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        os.close(hold_r)
+        compile_workers.stop()
