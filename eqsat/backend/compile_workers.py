@@ -7,8 +7,9 @@ the same time; processes can. A worker is a Python process serving requests on i
 eqsat.compile does before it optimizes, so they are ready when lowering ends; a cold compile of
 the MLP training step spends ~0.45 s in LLVM, of which its larger half takes ~0.26 s. Without
 running workers, or for a module too small to pay for the exchange, compiling happens here as
-before; a worker that fails or dies has its part compiled here (where a real error shows). How
-many run: EQSAT_COMPILE_WORKERS, by default one less than the usable cores, at most 3 (0: none).
+before; a worker that fails, dies or stops answering (`WAIT_S`) has its part compiled here
+(where a real error shows). How many run: EQSAT_COMPILE_WORKERS, by default one less than the
+usable cores, at most 3 (0: none).
 A worker answers on a pipe of its own (its file descriptor is its one argument), not on its
 stdout: whatever its Python prints (a site's banner) is no reply. It says it is ready with the
 fingerprint of the code generator it imported (`jit.fingerprint`): one that imported source
@@ -27,6 +28,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,12 @@ from .settings import compile_workers
 # The estimated cost (llvm_split._cost: ~23,000 a second of LLVM) below which one process
 # compiles the module faster than splitting and exchanging it (about 0.1 s of LLVM).
 MIN_COST = 2000
+# How long a compile waits for the workers' parts once its own is done: WAIT_S, and WAIT_RATIO
+# times what its own part took (the smallest; the others take up to ~2x as long, more on a
+# loaded machine). A worker not done by then (stopped by SIGSTOP or a debugger, a machine
+# swapping) is ended and its part compiled here: the compile waited for its reply for good.
+WAIT_S = 5.0
+WAIT_RATIO = 10.0
 _REQUEST = struct.Struct("<QII")  # text bytes, -O level, unroll
 _REPLY = struct.Struct("<BQ")  # ok, payload bytes
 _READY = b"R"  # what a worker writes once it can take requests, then its `jit.fingerprint()`
@@ -320,9 +328,14 @@ def compile_objects(text: str) -> bytes:
             e.cancel()
         if not isinstance(error, RuntimeError):
             raise
+    t0 = time.monotonic()
     first = jit.compile_object(parts[0])
+    deadline = time.monotonic() + WAIT_S + WAIT_RATIO * (time.monotonic() - t0)
     for e in started:
-        e.thread.join()
+        e.thread.join(max(0.0, deadline - time.monotonic()))
+        if e.thread.is_alive():  # its reply reads as the end of its pipe: compiled here
+            e.worker.proc.kill()
+            e.thread.join()
     return jit.pack_objects([first] + [e.result if e.result is not None
                                        else jit.compile_object(e.text) for e in exchanges])
 
