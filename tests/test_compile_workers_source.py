@@ -4,6 +4,8 @@ be later than this process did, so it must say which code it runs before it gets
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -80,3 +82,24 @@ def test_a_worker_that_stops_mid_hello_is_not_waited_for(monkeypatch):
             assert not asked.is_alive() and not worker.usable() and worker.alive()
     finally:
         compile_workers.stop()
+
+
+EXIT_SCRIPT = """
+import select
+from eqsat.backend import compile_workers, jit
+compile_workers.start(1)
+select.select([compile_workers._workers[0].replies], [], [], 60)
+def fingerprint():
+    print("the code generator's fingerprint, at exit")
+    return "0" * 64
+jit.fingerprint = fingerprint
+"""
+
+
+def test_ending_workers_at_exit_reads_no_fingerprint():
+    """stop() at the interpreter's exit asked each worker whether it was ready, which reads
+    this process's fingerprint: where no compile had (workers started, then the optimizer
+    raised), exit initialized LLVM and read the backend's source only to end the workers."""
+    out = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True,
+                         timeout=120)
+    assert (out.returncode, out.stdout, out.stderr) == (0, "", "")

@@ -50,7 +50,7 @@ _READY = b"R"  # what a worker writes once it can take requests, then its `jit.f
 
 _workers: list[_Worker] = []
 _lock = threading.Lock()
-_broken = False  # a worker could not start: this process compiles alone
+_broken = False  # a worker could not start, or ran other code: this process compiles alone
 
 
 class WorkerError(Exception):
@@ -141,9 +141,11 @@ class _Worker:
         return payload
 
     def close(self) -> None:
-        """End the worker: one ready exits when its stdin closes; one still starting (it
-        would notice only once it has imported eqsat) is killed, as it holds nothing yet."""
-        if not self.usable():
+        """End the worker: one known ready exits when its stdin closes; any other (one still
+        starting would notice only once it has imported eqsat) is killed, as it holds nothing
+        yet. Its hello is not read here: that takes this process's fingerprint, which at exit
+        (`stop`) may not have been computed, and LLVM then set up only for it."""
+        if not (self.ready and self.alive()):
             self.discard()
             return
         self._close_pipes()
