@@ -7,6 +7,7 @@ import os
 import select
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -93,3 +94,26 @@ def test_a_worker_that_stops_answering_is_given_up(monkeypatch):
         if worker.alive():
             os.kill(worker.proc.pid, signal.SIGCONT)
         compile_workers.stop()
+
+
+FORK_SCRIPT = """
+import gc, os, select, sys
+from eqsat.backend import compile_workers
+compile_workers.start(1)
+select.select([compile_workers._workers[0].replies], [], [], 60)
+pid = os.fork()
+if pid == 0:
+    gc.collect()
+    sys.stderr.flush()
+    os._exit(0)
+os.waitpid(pid, 0)
+"""
+
+
+def test_a_forked_child_says_nothing_of_its_parents_workers():
+    """A forked child drops its parent's workers from its pool: the process handles it let
+    go of each warned (ResourceWarning, shown with -X dev or under a test runner) that a
+    process it never waited for still ran, once per worker in every child of a pool."""
+    out = subprocess.run([sys.executable, "-X", "dev", "-c", FORK_SCRIPT], capture_output=True,
+                         text=True, timeout=120)
+    assert (out.returncode, out.stderr) == (0, "")

@@ -49,6 +49,7 @@ _REPLY = struct.Struct("<BQ")  # ok, payload bytes
 _READY = b"R"  # what a worker writes once it can take requests, then its `jit.fingerprint()`
 
 _workers: list[_Worker] = []
+_inherited: list[_Worker] = []  # a forked child's: its parent's workers
 _lock = threading.Lock()
 _broken = False  # a worker could not start, or ran other code: this process compiles alone
 
@@ -376,6 +377,9 @@ def _forget_after_fork() -> None:
         for pipe in (w.proc.stdin, w.replies):
             if pipe is not None:
                 pipe.close()
+    # kept: a process handle dropped before its process was waited for warns that it still
+    # runs, and these are not this process's to wait for
+    _inherited.extend(_workers)
     _workers.clear()
 
 
