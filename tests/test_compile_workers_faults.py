@@ -17,15 +17,12 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import eqsat
 from eqsat.backend import compile_workers, cpu, jit
-from eqsat.ir.samples import random_arguments
 
-from cpu_helpers import assert_matches
-from worker_helpers import start_ready
+from worker_helpers import check_runs, start_ready
 
 EXAMPLES = Path(eqsat.__file__).parent / "examples"
 
@@ -50,17 +47,6 @@ def workers(monkeypatch):
     compile_workers.stop()
 
 
-def _check_runs(m: eqsat.Module, blob: bytes) -> None:
-    """The object code `blob` of `m` computes what the interpreter does."""
-    text, plans = cpu.lower(m)
-    exe = cpu.Executable(m, jit.Code(blob), cpu._layout(plans), "test", None)
-    rng = np.random.default_rng(0)
-    for f in m.functions:
-        args = random_arguments(f, -1.0, 1.0, rng)
-        assert_matches(exe(f.name, *args), eqsat.interpret(m, f.name, *args), ulps=64,
-                       atol=1e-5)
-
-
 def test_stopping_workers_while_one_has_a_part(workers, monkeypatch):
     """stop() while a worker compiles a part (the interpreter's exit does, under a daemon
     thread's compile): the thread waiting for its reply ends quietly (it raised ValueError:
@@ -81,7 +67,7 @@ def test_stopping_workers_while_one_has_a_part(workers, monkeypatch):
     assert errors == []
     assert worker.proc.returncode is not None
     assert worker.proc.stdin.closed and worker.replies.closed
-    _check_runs(m, blob)
+    check_runs(m, blob)
 
 
 EXIT_SCRIPT = """
@@ -235,7 +221,7 @@ def test_a_worker_that_breaks_off_its_reply(workers, monkeypatch, command):
     bad = compile_workers._workers[0]
     m = _program()
     blob = compile_workers.compile_objects(cpu.lower(m)[0])
-    _check_runs(m, blob)
+    check_runs(m, blob)
     assert errors == [] and bad.proc.returncode is not None and bad.replies.closed
     monkeypatch.setattr(compile_workers._Worker, "COMMAND", good)
     start_ready(1)
@@ -267,7 +253,7 @@ def test_an_interrupt_while_parts_go_out_leaves_every_worker_usable(workers, mon
         time.sleep(0.01)
     blob = compile_workers.compile_objects(text)
     assert len(jit.unpack_objects(blob)) == 3 and errors == []
-    _check_runs(m, blob)
+    check_runs(m, blob)
 
 
 def test_workers_import_this_eqsat_whatever_the_current_directory_holds(monkeypatch,
@@ -348,14 +334,14 @@ def test_an_interrupt_during_the_local_part_then_compiling_again(workers, monkey
     with pytest.raises(KeyboardInterrupt):
         compile_workers.compile_objects(cpu.lower(transformer)[0])
     monkeypatch.setattr(jit, "compile_object", real)
-    _check_runs(mlp, compile_workers.compile_objects(cpu.lower(mlp)[0]))
+    check_runs(mlp, compile_workers.compile_objects(cpu.lower(mlp)[0]))
     deadline = time.monotonic() + 60
     while worker.busy.locked():
         assert time.monotonic() < deadline, "the worker stayed busy"
         time.sleep(0.01)
     blob = compile_workers.compile_objects(cpu.lower(mlp)[0])
     assert len(jit.unpack_objects(blob)) == 2 and errors == []
-    _check_runs(mlp, blob)
+    check_runs(mlp, blob)
 
 
 def _compile_and_check(n: int) -> int:
@@ -366,7 +352,7 @@ def _compile_and_check(n: int) -> int:
     m = eqsat.differentiate(eqsat.parse(
         (EXAMPLES / "mlp.eqir").read_text().replace("128", str(8 + n))))
     blob = compile_workers.compile_objects(cpu.lower(m)[0])
-    _check_runs(m, blob)
+    check_runs(m, blob)
     return len(jit.unpack_objects(blob))
 
 
@@ -426,4 +412,4 @@ def test_an_extra_worker_with_a_part_finishes_it_then_ends(workers, monkeypatch)
     monkeypatch.setattr(jit, "compile_object", real)
     assert len(jit.unpack_objects(blob)) == 3 and errors == []
     assert compile_workers._workers == [] and all(_ended(w) for w in running)
-    _check_runs(m, blob)
+    check_runs(m, blob)

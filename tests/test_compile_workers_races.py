@@ -10,8 +10,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
-from eqsat.backend import compile_workers
+import eqsat
+from eqsat.backend import compile_workers, cpu, jit
+
+from worker_helpers import check_runs, start_ready
 
 
 def test_a_fork_while_a_worker_starts_keeps_no_end_of_its_pipes(monkeypatch):
@@ -66,18 +70,14 @@ def test_a_worker_that_stops_answering_is_given_up(monkeypatch):
     """A worker stopped (SIGSTOP, a debugger, a machine swapping) while it has a part: the
     compile waited for its reply for good. It now waits a while past the time its own part
     took (here cut short), then ends the worker and compiles that part itself."""
-    import eqsat
-    from eqsat.backend import cpu, jit
-    from test_compile_workers_faults import EXAMPLES, _check_runs
-    from worker_helpers import start_ready
-
     monkeypatch.setattr(compile_workers, "MIN_COST", 0)
     monkeypatch.setattr(compile_workers, "WAIT_S", 0.2)
     compile_workers.stop()
     try:
         start_ready(1)
         worker = compile_workers._workers[0]
-        m = eqsat.differentiate(eqsat.parse((EXAMPLES / "mlp.eqir").read_text()))
+        m = eqsat.differentiate(eqsat.parse((Path(eqsat.__file__).parent / "examples" /
+                                                 "mlp.eqir").read_text()))
         text = cpu.lower(m)[0]
         os.kill(worker.proc.pid, signal.SIGSTOP)
         got: list[bytes] = []
@@ -87,7 +87,7 @@ def test_a_worker_that_stops_answering_is_given_up(monkeypatch):
         compiling.join(timeout=120)
         assert not compiling.is_alive(), "the compile waited for a stopped worker"
         assert len(jit.unpack_objects(got[0])) == 2 and not worker.alive()
-        _check_runs(m, got[0])
+        check_runs(m, got[0])
         start_ready(1)
         assert compile_workers._workers[0] is not worker
     finally:
