@@ -310,12 +310,13 @@ def test_what_a_worker_prints_is_no_reply(tmp_path):
 def test_stopping_workers_still_starting_does_not_wait_for_them():
     """stop() (at every interpreter exit) closed the stdin of workers still importing eqsat
     and waited for them to notice, up to 2 s each: a short script that compiled once took
-    that much longer to exit. They are killed: they hold nothing yet."""
+    that much longer to exit. They are killed: they hold nothing yet. (Bound: under the 2 s
+    one such wait took, far over the milliseconds three kills take, even on a loaded CI.)"""
     compile_workers.stop()
     compile_workers.start(3)
     t0 = time.perf_counter()
     compile_workers.stop()
-    assert time.perf_counter() - t0 < 0.3
+    assert time.perf_counter() - t0 < 1.5
 
 
 def test_an_interrupt_during_the_local_part_then_compiling_again(workers, monkeypatch):
