@@ -29,12 +29,14 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..ir.fused import domain
 from ..ir.module import Stmt
 from ..ir.ops import OPS, OpTypeError, broadcastable, ops_in
 from ..ir.scalar_expr import Arg, merge, substitute
 from ..ir.types import TensorType
+from . import egglog_text
 from .bridge import EGraph, ENode, _list, const_term
 from .fusion_graph import (MAX_FORMS, MAX_OPERANDS, FusionGraph, Kernel, body_size,
                            canonical, same_domain)
@@ -42,7 +44,7 @@ from .lang import RuleSet
 
 MAX_BODY_OPS = 16  # 24 cost 2x the saturation time on attention, for a costlier result
 MAX_NEW = 5000  # new terms per run, at most
-CHUNK = 64  # egglog commands per program
+CHUNK = 64  # new terms per egglog program
 
 RULES = ("fuse_canonical", "fuse_producer", "fuse_broadcast", "fuse_constant", "fuse_reduce",
          "fuse_epilogue")
@@ -94,7 +96,6 @@ class FusionPass:
 
     def __init__(self, family: frozenset[str]):
         self.family = family  # the names of the fusion family's egglog rules
-        self.lets = 0
         self.batches = 0
         self._overhead = 0.0
 
@@ -118,52 +119,29 @@ class FusionPass:
         # combinations tried before (per e-graph): e-class ids are stable until classes merge
         seen = eg.__dict__.setdefault("_fusion_seen", set())
         # candidates stop early enough that adding those found still ends by the deadline
-        per_line = eg.__dict__.get("_fusion_line_seconds", 1e-3)
+        per_term = eg.__dict__.get("_fusion_term_seconds", 1e-3)
         for cand in self._candidates(g, seen):
             key = (cand.eclass, cand.op, cand.attrs, cand.operands)
             if key in g.existing or key in found:
                 continue
             found[key] = cand
             size += 1 + len(cand.operands)
-            if size >= limit or time.perf_counter() + 2 * per_line * len(found) >= deadline:
+            if size >= limit or time.perf_counter() + 2 * per_term * len(found) >= deadline:
                 break
         if not found:
             return counts
-        # egglog parses and runs one program in time quadratic in its length: feed it in short
-        # chunks (each `let` precedes its uses, so every prefix is sound and may stop early)
+        # in chunks, each complete by itself, so that the pass may stop between two
         t1 = time.perf_counter()
-        lines, unions = self._program(eg, g, list(found.values()))
         done = 0
-        for i in range(0, len(lines), CHUNK):
+        for program, cands in self._programs(eg, g, list(found.values())):
             if time.perf_counter() >= deadline:
                 break
-            chunk = lines[i:i + CHUNK]
-            eg.run("\n".join(let for let, _ in chunk))
-            self._union(eg, [pair for _, pair in chunk if pair is not None])
-            done = i + len(chunk)
-        measured = (time.perf_counter() - t1) / max(1, min(done, len(lines)))
-        eg.__dict__["_fusion_line_seconds"] = measured
-        for cand in unions[:max(0, done - (len(lines) - len(unions)))]:
-            counts[cand.rule] += 1
+            eg.run(program)
+            for cand in cands:
+                counts[cand.rule] += 1
+            done += len(cands)
+        eg.__dict__["_fusion_term_seconds"] = (time.perf_counter() - t1) / max(1, done)
         return counts
-
-    def _union(self, eg: EGraph, pairs: list[tuple[str, str]]) -> None:
-        """Merge each pair of let-bound classes, all in one run of a rule of their own: every
-        top-level `union` rebuilds the e-graph (1.2 ms apiece on a 16-step GRU's gradient,
-        where the pass spent nearly all of saturation's time), one run rebuilds it once."""
-        if not pairs:
-            return
-        self.batches += 1
-        ruleset = f"fuse_unions_{self.batches}"
-        unions = " ".join(f"(union {a} {b})" for a, b in pairs)
-        eg.run(f"(ruleset {ruleset})\n(rule () ({unions}) :ruleset {ruleset})\n"
-               f"(run {ruleset} 1)")
-
-    def fresh_let(self) -> str:
-        """A global egglog name never bound before (names outlive a run: egglog refuses to
-        bind one twice)."""
-        self.lets += 1
-        return f"$fu{self.lets}"
 
     def overhead(self) -> float:
         """Seconds its last run spent before it could stop (typing and serializing the graph)."""
@@ -296,40 +274,56 @@ class FusionPass:
 
     # -------------------------------------------------------------- egglog program
 
-    def _program(self, eg: EGraph, g: FusionGraph, cands: list[Candidate]
-                 ) -> tuple[list[tuple[str, tuple[str, str] | None]], list[Candidate]]:
-        """The egglog commands adding `cands`, each with the pair of names to union after it
-        (the `let`s they need, then one per candidate binding its new term to a name to union
-        with its class's), and the candidates in the order of their lines.
+    def _programs(self, eg: EGraph, g: FusionGraph, cands: list[Candidate]
+                  ) -> Iterator[tuple[list[Any], list[Candidate]]]:
+        """egglog programs adding `cands`, CHUNK at a time, each with the candidates it adds.
 
-        The new term is never nested in the `union`: egglog 13.2 (commit 2e5657b) sometimes
-        gives a new term built inside a top-level `union` the id of an unrelated e-class (a map
-        fused for rows of `x` landed in `w`'s class: an illegal merge when the types differ, a
-        wrong program that reads `w` for a row of `x` when they agree), while the same term
-        bound by `let` gets its own."""
-        refs = _Refs(self, eg, g)
-        lines, done = [], []
-        for cand in cands:
-            target = refs.ref(cand.eclass)
-            args = [refs.ref(o) for o in cand.operands]
-            if target is None or any(a is None for a in args):
-                continue
-            env = dict(zip(cand.operands, args))
-            stmt = Stmt(("_",), cand.op, cand.operands, cand.attrs, (g.types[cand.eclass],))
-            name = self.fresh_let()
-            lines.append((f"(let {name} {eg._stmt_term(stmt, 0, env)})", (target, name)))
-            done.append(cand)
-        return [(let, None) for let in refs.lines] + lines, done
+        Each program runs one rule once: its actions name every class they read by a local
+        `let` of a term already in it, build each new term and union it with its class, as a
+        rewrite's actions do, and the run rebuilds the e-graph once. Nothing is bound by a
+        top-level `let`: egglog makes a table of every global name, and each push and pop of
+        the e-graph copies them all (the ~900 names a transformer block's passes bound made
+        returning its e-graph to the pool take 20 ms of CPU instead of 9). The rule is built
+        as egglog's command objects (`egglog_text`), not parsed: a parsed program costs time
+        quadratic in its length.
+
+        No new term is built inside a top-level `union`: egglog 13.2 (commit 2e5657b) there
+        sometimes gave it the id of an unrelated e-class (a map fused for rows of `x` landed in
+        `w`'s class: an illegal merge when the types differ, a wrong program that reads `w`
+        for a row of `x` when they agree)."""
+        refs = _Refs(eg, g)
+        cands = [c for c in cands if refs.known(c.eclass) and all(map(refs.known, c.operands))]
+        for i in range(0, len(cands), CHUNK):
+            chunk = cands[i:i + CHUNK]
+            refs.clear()
+            actions = []
+            for cand in chunk:
+                target = refs.ref(cand.eclass)
+                env = {o: refs.ref(o) for o in cand.operands}
+                stmt = Stmt(("_",), cand.op, cand.operands, cand.attrs, (g.types[cand.eclass],))
+                actions.append(f"(union {target} {eg._stmt_term(stmt, 0, env)})")
+            self.batches += 1
+            ruleset = f"fuse_add_{self.batches}"
+            yield egglog_text.run_once(ruleset, refs.lines + actions), chunk
 
 
 class _Refs:
-    """egglog names for e-classes: each bound by `let` to a term of least height."""
+    """A rule's local egglog names for e-classes, each bound by `let` to a term of least
+    height."""
 
-    def __init__(self, owner: FusionPass, eg: EGraph, g: FusionGraph):
-        self.owner, self.eg, self.g = owner, eg, g
+    def __init__(self, eg: EGraph, g: FusionGraph):
+        self.eg, self.g = eg, g
         self.names: dict[str, str] = {}
         self.lines: list[str] = []
         self.rep = self._representatives()
+
+    def known(self, c: str) -> bool:
+        """Whether class `c` has a term to name it by."""
+        return c in self.rep
+
+    def clear(self) -> None:
+        """Start the names of another rule (a rule's names are its own)."""
+        self.names, self.lines = {}, []
 
     def _representatives(self) -> dict[str, ENode]:
         ser, types = self.g.ser, self.g.types
@@ -359,12 +353,10 @@ class _Refs:
                     queue.append(u)
         return rep
 
-    def ref(self, c: str) -> str | None:
+    def ref(self, c: str) -> str:
+        """The name of known class `c`, its `let` (and its children's) added first."""
         if c in self.names:
             return self.names[c]
-        n = self.rep.get(c)
-        if n is None:
-            return None
         # children first, without recursion (terms may be deep)
         stack = [(c, False)]
         while stack:
@@ -376,7 +368,7 @@ class _Refs:
                 stack.append((cid, True))
                 stack += [(k, False) for k in node.children if k not in self.names]
                 continue
-            name = self.owner.fresh_let()
+            name = f"fr{len(self.names)}"
             self.lines.append(f"(let {name} {self._term(cid, node)})")
             self.names[cid] = name
         return self.names[c]
