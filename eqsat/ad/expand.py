@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import VerifyError
 from ..ir import Function, GradDecl, Module, verify
 from ..ir.verifier import seed_names
-from .inline import flatten
+from .inline import MAX_FLAT_STATEMENTS, flat_size, flatten
 from .reverse import adjoint
 
 
@@ -27,6 +28,14 @@ def differentiate(module: Module) -> Module:
 def expand_decl(decl: GradDecl, functions: dict[str, Function]) -> Function:
     """The function a declaration stands for; `functions` holds every item it depends on."""
     of = functions[decl.of]
+    size = flat_size(of, functions)
+    if size > MAX_FLAT_STATEMENTS:
+        loc = decl.loc
+        raise VerifyError(
+            f"{decl.kind} @{decl.of}: with its calls inlined @{decl.of} runs {size:,} statements, "
+            f"more than the {MAX_FLAT_STATEMENTS:,} a gradient may copy (a function called "
+            f"twice by each of a chain of callers is copied once per call); differentiate "
+            f"a function that calls less", loc.line if loc else 0, loc.col if loc else 0)
     seeds = set(seed_names(of.params, len(of.result_types))) if decl.kind == "vjp" else set()
     flat = flatten(of, functions, reserved=seeds)
     return adjoint(flat, decl.kind, decl.wrt, decl.name)
