@@ -34,7 +34,9 @@ from ..ir.samples import random_arguments
 BUDGET = 0.05  # of the time limit, at most, spent interpreting both programs ...
 MAX_SECONDS = 0.15  # ... and no more than this (a compile of a large program must stay quick)
 SECONDS_PER_STMT = 8e-6  # the interpreter's cost per statement run ...
-SECONDS_PER_ELEMENT = 20e-9  # ... and per element it computes (matmul: per multiply-add)
+SECONDS_PER_ELEMENT = 20e-9  # ... and per element it computes ...
+# ... and per multiply-add of a matmul (numpy's runs 128x784 @ 784x10 in 6 ms on a loaded core)
+SECONDS_PER_MULTIPLY_ADD = 5e-9
 RTOL = 0.05  # of an element's magnitude plus ...
 SCALE_TOL = 0.01  # ... this share of the result's largest finite magnitude
 DRAWS = 2  # disagreement must show on every draw
@@ -44,15 +46,16 @@ FLIPS = 4  # times how many elements of a bool or integer result such an error c
 
 def _work(f: Function) -> float:
     """Estimated interpreter seconds for `f`'s own statements, its calls not included."""
-    elements = 0
+    elements = products = 0
     types = f.types()
     for s in f.body:
         elements += sum(t.size for t in s.types)
         if s.op in ("matmul", "matmul_t", "matmul_epi"):
             a = types[s.operands[0]]
             k = a.shape[-2] if s.attr.get("ta") else a.shape[-1]
-            elements += s.types[0].size * k
-    return len(f.body) * SECONDS_PER_STMT + elements * SECONDS_PER_ELEMENT
+            products += s.types[0].size * k
+    return (len(f.body) * SECONDS_PER_STMT + elements * SECONDS_PER_ELEMENT
+            + products * SECONDS_PER_MULTIPLY_ADD)
 
 
 def _work_per_call(m: Module) -> dict[str, float]:
