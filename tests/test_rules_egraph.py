@@ -199,11 +199,14 @@ def test_node_limit_holds_and_program_survives():
 
 
 def test_time_and_iteration_limits_hold():
+    """A round that grows this e-graph 17-fold (23k -> 388k e-nodes) took 0.6 s, and typing
+    what it made 2 s more: the prediction that started it counted the round alone, so a 1 s
+    limit ended at 2.6 s (5 s and a failed test at load 4). It counts the typing now."""
     m = _sum_chain(12)
     t = time.perf_counter()
     _, report = saturate(m, AC, Limits(iterations=100, nodes=10**7, seconds=1.0))
     assert report.stop_reason == "time limit"
-    assert time.perf_counter() - t < 4
+    assert time.perf_counter() - t < 1.5
     _, report = saturate(m, AC, Limits(iterations=2, nodes=10**7, seconds=30))
     assert report.stop_reason == "iteration limit" and len(report.rounds) == 2
     assert report.sizes[0] < report.sizes[1] < report.sizes[2]
