@@ -421,7 +421,7 @@ def test_fusion_pass_cut_short_puts_each_new_kernel_in_its_own_class():
     eg = bridge.load(_rows_of(130, 2))
     eg.run(compile_ruleset(default()))
     eg.analyze()
-    eg.run(runner._ROUND)
+    eg.run(runner._REWRITE)
     assert sum(_PASS.run(eg, 460).values()) == 148
     eg.analyze()  # an f32[2,8] map in the f32[8] class: "Illegal merge" here
     ser = eg.serialize()
