@@ -44,3 +44,31 @@ def test_long_float_sums_keep_their_accuracy(fused):
     y = np.random.default_rng(0).standard_normal(n).astype(np.float32) + 1
     got = float(eqsat.compile(m, optimize=False)("f", y))
     assert abs(got / y.astype(np.float64).sum() - 1) < 1e-6
+
+
+def _call_chain(depth: int, fanout: int) -> eqsat.Module:
+    """@f0 adds 1 to x; each @fk calls @f(k-1) `fanout` times and adds the results."""
+    lines = ["module @chain", "func @f0(%x: f32[2]) -> f32[2] {", "  %c = const 1.0 : f32[2]",
+             "  %r = add %x, %c : f32[2]", "  return %r", "}"]
+    for k in range(1, depth + 1):
+        lines.append(f"func @f{k}(%x: f32[2]) -> f32[2] {{")
+        lines += [f"  %a{i} = call @f{k - 1}(%x) : f32[2]" for i in range(fanout)]
+        acc = "%a0"
+        for i in range(1, fanout):
+            lines.append(f"  %s{i} = add {acc}, %a{i} : f32[2]")
+            acc = f"%s{i}"
+        lines += [f"  return {acc}", "}"]
+    return eqsat.parse("\n".join(lines))
+
+
+def test_functions_come_callees_first_however_deep_the_calls():
+    """Module.callees_first orders every function after the ones it calls, iteratively (the
+    backend, the cost model and optimize's result check all walk calls this way)."""
+    m = _call_chain(3000, 1)
+    names = [f.name for f in m.callees_first()]
+    assert names == [f"f{k}" for k in range(3001)]
+    m = _call_chain(25, 2).replace(list(reversed(_call_chain(25, 2).items)))
+    order = {f.name: i for i, f in enumerate(m.callees_first())}
+    assert len(order) == 26
+    assert all(order[f"f{k - 1}"] < order[f"f{k}"] for k in range(1, 26))
+    assert eqsat.cost(m) > 2 ** 24 * eqsat.cost(_call_chain(0, 1)) / 2

@@ -107,27 +107,6 @@ class Plan:
     arena_bytes: int = 0
 
 
-def call_order(module: Module) -> list[Function]:
-    """The plain functions, callees before callers (the verifier refuses recursion)."""
-    funcs = {f.name: f for f in module.functions}
-    order: list[Function] = []
-    seen: set[str] = set()
-    for root in funcs:
-        stack = [(root, False)]
-        while stack:
-            name, done = stack.pop()
-            if done:
-                order.append(funcs[name])
-                continue
-            if name in seen:
-                continue
-            seen.add(name)
-            stack.append((name, True))
-            stack.extend((s.attr["callee"], False) for s in funcs[name].body
-                         if s.op == "call" and s.attr["callee"] not in seen)
-    return order
-
-
 def plan_function(func: Function, callee_arena: dict[str, int]) -> Plan:
     """Dead statements dropped, buffers assigned from lifetimes (see the module docstring)."""
     body = func.body
@@ -192,7 +171,7 @@ def plan_function(func: Function, callee_arena: dict[str, int]) -> Plan:
 def plan_module(module: Module) -> dict[str, Plan]:
     """A plan for every plain function of the module."""
     plans: dict[str, Plan] = {}
-    for f in call_order(module):
+    for f in module.callees_first():
         plans[f.name] = plan_function(f, {n: p.arena_bytes for n, p in plans.items()})
     return plans
 

@@ -334,34 +334,21 @@ def function_costs(module: Module, target: str | CostModel = "cpu") -> dict[str,
     are expanded first)."""
     model = cost_model(target)
     module = _expanded(module)
-    funcs = {f.name: f for f in module.functions}
     done: dict[str, float] = {}
+    for f in module.callees_first():
+        done[f.name] = own_cost(f, model, done)
+    return {f.name: done[f.name] for f in module.functions}
 
-    def cost_of(f: Function) -> float:
-        # the call graph is acyclic (verified), so an explicit post-order needs no recursion
-        stack = [f.name]
-        while stack:
-            name = stack[-1]
-            if name in done:
-                stack.pop()
-                continue
-            callees = [s.attr["callee"] for s in funcs[name].body if s.op == "call"]
-            missing = [c for c in callees if c not in done]
-            if missing:
-                stack.extend(missing)
-                continue
-            env = funcs[name].types()
-            total = 0.0
-            for s in funcs[name].body:
-                ins = [env[o] for o in s.operands]
-                total += model.stmt_cost(s.op, s.attr, ins, s.types)
-                if s.op == "call":
-                    total += done[s.attr["callee"]]
-            done[name] = total
-            stack.pop()
-        return done[f.name]
 
-    return {f.name: cost_of(f) for f in module.functions}
+def own_cost(f: Function, model: CostModel, callee_costs: Mapping[str, float]) -> float:
+    """Seconds of `f`'s own statements, each call adding `callee_costs[callee]`."""
+    env = f.types()
+    total = 0.0
+    for s in f.body:
+        total += model.stmt_cost(s.op, s.attr, [env[o] for o in s.operands], s.types)
+        if s.op == "call":
+            total += callee_costs[s.attr["callee"]]
+    return total
 
 
 def module_cost(module: Module, target: str | CostModel = "cpu") -> float:

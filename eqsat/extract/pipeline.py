@@ -34,7 +34,7 @@ from ..rules.egglog_native import bindings as _egglog
 from ..rules.lang import RuleSet
 from ..rules.runner import TIME_LIMIT, Limits, checked_limits, saturate
 from .choice import Extraction
-from .cost import CostModel, cost_model, function_costs
+from .cost import CostModel, cost_model, function_costs, own_cost
 from .egraph import FREE_OPS, EGraph, node_costs
 from .report import FunctionResult, OptimizeReport, provenance
 
@@ -193,11 +193,11 @@ def _extract_all(module: Module, ser: Serialized, model: CostModel, method: str,
     final: dict[str, float] = {}  # function -> cost of the body kept, callees as kept
     chosen: dict[str, Function] = {}
     results: dict[str, FunctionResult] = {}
-    for name in _callees_first(module):
+    for name in (f.name for f in module.callees_first()):
         f = funcs[name]
         left = sum(sizes[g] for g in funcs if g not in final)
         share = max(0.05, (budget - (time.perf_counter() - start)) * sizes[name] / left)
-        in_cost = body_cost(f, model, final)
+        in_cost = own_cost(f, model, final)
         t0 = time.perf_counter()
         note, ext, candidate = "", None, None
         try:
@@ -211,7 +211,7 @@ def _extract_all(module: Module, ser: Serialized, model: CostModel, method: str,
             note = f"internal error during extraction, input kept (please report it): {e!r}"
             warnings.warn(f"optimize kept @{name}: {note}", OptimizeWarning, stacklevel=3)
         seconds = time.perf_counter() - t0
-        out_cost = body_cost(candidate, model, final) if candidate is not None else np.inf
+        out_cost = own_cost(candidate, model, final) if candidate is not None else np.inf
         keep = not out_cost < in_cost * (1 - 1e-12)
         chosen[name] = f if keep else candidate
         final[name] = in_cost if keep else out_cost
@@ -235,40 +235,6 @@ def extract_budget(limits: Limits) -> float:
     """The seconds extraction may take in all (EXTRACT_SHARE of the limit, at least
     EXTRACT_MIN_SECONDS)."""
     return max(EXTRACT_MIN_SECONDS, EXTRACT_SHARE * limits.seconds)
-
-
-def body_cost(f: Function, model: CostModel, callee_costs: Mapping[str, float]) -> float:
-    """Seconds of `f`'s own statements, each call adding `callee_costs[callee]`."""
-    env = f.types()
-    total = 0.0
-    for s in f.body:
-        total += model.stmt_cost(s.op, s.attr, [env[o] for o in s.operands], s.types)
-        if s.op == "call":
-            total += callee_costs[s.attr["callee"]]
-    return total
-
-
-def _callees_first(module: Module) -> list[str]:
-    funcs = {f.name: f for f in module.functions}
-    order: list[str] = []
-    state: dict[str, int] = {}
-    for root in funcs:
-        stack = [root]
-        while stack:
-            name = stack[-1]
-            if state.get(name) == 2:
-                stack.pop()
-                continue
-            state[name] = 1
-            todo = [s.attr["callee"] for s in funcs[name].body
-                    if s.op == "call" and state.get(s.attr["callee"]) is None]
-            if todo:
-                stack.extend(todo)
-                continue
-            state[name] = 2
-            order.append(name)
-            stack.pop()
-    return order
 
 
 class _Index:

@@ -62,21 +62,9 @@ def _work_per_call(m: Module) -> dict[str, float]:
     """Estimated interpreter seconds of one call of each function of `m`, its callees' work
     counted at every call: where each of 25 functions calls the one before it twice, the
     last makes 2^24 calls, and counting each function once, the check ran for minutes."""
-    funcs = {f.name: f for f in m.functions}
     done: dict[str, float] = {}
-    stack = list(funcs)
-    while stack:  # explicit stack: call chains may be thousands deep (recursion is refused)
-        name = stack[-1]
-        if name in done:
-            stack.pop()
-            continue
-        calls = [s.attr["callee"] for s in funcs[name].body if s.op == "call"]
-        pending = [c for c in calls if c not in done]
-        if pending:
-            stack.extend(pending)
-            continue
-        stack.pop()
-        done[name] = _work(funcs[name]) + sum(done[c] for c in calls)
+    for f in m.callees_first():
+        done[f.name] = _work(f) + sum(done[s.attr["callee"]] for s in f.body if s.op == "call")
     return done
 
 

@@ -287,6 +287,28 @@ class Module:
     def grad_decls(self) -> tuple[GradDecl, ...]:
         return tuple(it for it in self.items if isinstance(it, GradDecl))
 
+    def callees_first(self) -> list[Function]:
+        """The plain functions, each after every function it calls (calls that name no
+        function here are left to the verifier, which also refuses recursion). Iterative:
+        call chains may be thousands deep."""
+        funcs = {f.name: f for f in self.functions}
+        order: list[Function] = []
+        seen: set[str] = set()
+        for root in funcs:
+            stack = [(root, False)]
+            while stack:
+                name, finished = stack.pop()
+                if finished:
+                    order.append(funcs[name])
+                    continue
+                if name in seen:
+                    continue
+                seen.add(name)
+                stack.append((name, True))
+                stack.extend((c, False) for s in funcs[name].body if s.op == "call"
+                             and (c := s.attr["callee"]) in funcs and c not in seen)
+        return order
+
     def replace(self, items: list[Item] | tuple[Item, ...] | None = None,
                 name: str | None = None) -> Module:
         """A copy with other items or another name."""
