@@ -219,7 +219,7 @@ def test_entries_are_created_as_the_umask_says(tmp_path, umask):
     assert entries and {p.stat().st_mode & 0o777 for p in entries} == {0o666 & ~umask}
 
 
-@pytest.mark.parametrize("mode", ["all", "batched", "0", "other"])
+@pytest.mark.parametrize("mode", ["all", "batched", "0", " 0 ", ""])
 def test_gemm_switches_without_gemm_match_gemm(mode):
     script = ("import sys\nfrom eqsat.backend import cpu\n"
               "assert 'eqsat.backend.gemm' not in sys.modules\n"
@@ -453,3 +453,17 @@ def test_objects_calling_another_blas_binding_are_not_reused(tmp_path):
     if len(bindings) < 2 and all(o.returncode == 0 for o in outs):
         pytest.skip("numpy's and scipy's OpenBLAS are not both bundled here")
     assert [(o.returncode, o.stdout.split()[-1:]) for o in outs] == [(0, ["True"])] * 2
+
+
+@pytest.mark.parametrize("value", ["off", "blas", "1", "ALL"])
+def test_an_unknown_gemm_setting_is_an_error_at_compile(monkeypatch, value):
+    """EQSAT_GEMM other than all, batched or 0 meant "all", so a typo went unnoticed."""
+    from eqsat.backend import cpu
+
+    monkeypatch.setenv("EQSAT_GEMM", value)
+    with pytest.raises(eqsat.Error, match="EQSAT_GEMM must be"):
+        cpu.cache_key(eqsat.parse(
+            "func @f(%x: f32[2]) -> f32[2] {\n  %0 = neg %x : f32[2]\n  return %0\n}"))
+    monkeypatch.setenv("EQSAT_GEMM", " batched ")
+    cpu.cache_key(eqsat.parse(
+        "func @f(%x: f32[2]) -> f32[2] {\n  %0 = neg %x : f32[2]\n  return %0\n}"))

@@ -12,9 +12,13 @@ from ..host import MAX_THREADS, usable_cores
 def gemm_switches() -> tuple[bool, bool]:
     """From EQSAT_GEMM: whether the generated GEMM takes float products at all, and lone
     (unbatched) ones too: "all" (the default), "batched" (lone products on the BLAS), "0"
-    (every product on the BLAS)."""
-    mode = os.environ.get("EQSAT_GEMM", "all")
-    return mode != "0", mode not in ("0", "batched")
+    (every product on the BLAS); anything else is an eqsat.Error (a typo such as "off" or
+    "blas" silently meant "all"). Every CPU compile reads it for its cache key."""
+    mode = os.environ.get("EQSAT_GEMM", "").strip() or "all"
+    if mode not in ("all", "batched", "0"):
+        raise Error(f"EQSAT_GEMM must be 'all' (the default), 'batched' (lone products on the "
+                    f"BLAS) or '0' (every product on the BLAS), not {mode!r}")
+    return mode != "0", mode != "batched" and mode != "0"
 
 
 def default_threads() -> int:
