@@ -494,3 +494,4 @@ def long_chain(n: int) -> str:
     lines += [f"  %s = sum %{prev}, axes=[0] : f32[]", "  return %s", "}",
               "func @g = grad @f wrt %x", ""]
     return "\n".join(lines)
+

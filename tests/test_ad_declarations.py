@@ -11,6 +11,7 @@ import pytest
 
 import eqsat.ir as ir
 from ad_helpers import check_vjp, run
+from call_trees import call_tree
 from eqsat.ad import differentiate
 from eqsat.errors import VerifyError
 from eqsat.ir import GradDecl, parse
@@ -130,24 +131,15 @@ def test_calls_deeper_than_the_recursion_limit():
     np.testing.assert_array_equal(gx, depth * seed)
 
 
-def _doubling_calls(depth: int, decl: str) -> str:
-    """@f{depth-1} calls the function before it twice, down to @f0, then `decl`."""
-    funcs = ["func @f0(%x: f64[2]) -> f64[2] {\n  %y = sin %x : f64[2]\n  return %y\n}"]
-    funcs += [f"func @f{i}(%x: f64[2]) -> f64[2] {{\n  %a = call @f{i - 1}(%x) : f64[2]\n"
-              f"  %w = cos %x : f64[2]\n  %b = call @f{i - 1}(%w) : f64[2]\n"
-              f"  %z = add %a, %b : f64[2]\n  return %z\n}}" for i in range(1, depth)]
-    return "\n".join(funcs) + "\n" + decl + "\n"
-
-
 def test_a_gradient_that_would_copy_callees_exponentially_is_refused():
     # inlining copies a callee at every call: 40 deep it would be 2^40 statements, and
     # differentiate ran until memory ran out; now it is a located VerifyError, at once
-    text = _doubling_calls(40, "func @g = vjp @f39 wrt %x")
+    text = call_tree(40, t="f64[2]") + "\nfunc @g = vjp @f39 wrt %x\n"
     with pytest.raises(VerifyError, match=r"line 278, col 1: vjp @f39: with its calls inlined "
                                           r"@f39 runs 1,649,267,441,662 statements") as e:
         differentiate(parse(text))
     assert (e.value.line, e.value.col) == (278, 1)
-    m = parse(_doubling_calls(5, "func @g = vjp @f4 wrt %x"))
+    m = parse(call_tree(5, t="f64[2]") + "\nfunc @g = vjp @f4 wrt %x\n")
     check_vjp(m, "f4", [np.array([0.3, -1.2])], wrt=("x",))
 
 

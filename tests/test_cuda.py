@@ -21,6 +21,7 @@ from eqsat.testing import modules
 
 from cuda_helpers import EXAMPLES, SHAPES, example
 from cuda_helpers import module as one
+from call_trees import call_tree
 
 
 def assemble(ptx: str, tmp_path: Path, name: str = "m") -> None:
@@ -302,3 +303,15 @@ def test_a_child_forked_while_ptx_is_emitted_can_emit_ptx():
     t.join()
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_call_tree_too_large_to_inline_is_refused_at_once():
+    """Functions that each call the one before twice: the GPU code inlines every call, ~10 ms
+    of code generation per statement (8 deep took 51 s, 10 deep 95 s, doubling on)."""
+    import time
+
+    t0 = time.perf_counter()
+    with pytest.raises(eqsat.Error, match=r"@f13 with its calls inlined: 24,574 statements"):
+        eqsat.emit(eqsat.parse(call_tree(16)), target="ptx")
+    assert time.perf_counter() - t0 < 10
+    assert ".entry" in eqsat.emit(eqsat.parse(call_tree(3)), target="ptx")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import eqsat
+from call_trees import call_tree
 from large_programs import long_chain
 
 
@@ -46,29 +47,13 @@ def test_long_float_sums_keep_their_accuracy(fused):
     assert abs(got / y.astype(np.float64).sum() - 1) < 1e-6
 
 
-def _call_chain(depth: int, fanout: int) -> eqsat.Module:
-    """@f0 adds 1 to x; each @fk calls @f(k-1) `fanout` times and adds the results."""
-    lines = ["module @chain", "func @f0(%x: f32[2]) -> f32[2] {", "  %c = const 1.0 : f32[2]",
-             "  %r = add %x, %c : f32[2]", "  return %r", "}"]
-    for k in range(1, depth + 1):
-        lines.append(f"func @f{k}(%x: f32[2]) -> f32[2] {{")
-        lines += [f"  %a{i} = call @f{k - 1}(%x) : f32[2]" for i in range(fanout)]
-        acc = "%a0"
-        for i in range(1, fanout):
-            lines.append(f"  %s{i} = add {acc}, %a{i} : f32[2]")
-            acc = f"%s{i}"
-        lines += [f"  return {acc}", "}"]
-    return eqsat.parse("\n".join(lines))
-
-
 def test_functions_come_callees_first_however_deep_the_calls():
     """Module.callees_first orders every function after the ones it calls, iteratively (the
-    backend, the cost model and optimize's result check all walk calls this way)."""
-    m = _call_chain(3000, 1)
-    names = [f.name for f in m.callees_first()]
-    assert names == [f"f{k}" for k in range(3001)]
-    m = _call_chain(25, 2).replace(list(reversed(_call_chain(25, 2).items)))
+    backend, the cost model, AD and optimize's result check all walk calls this way)."""
+    m = eqsat.parse(call_tree(3000, fanout=1))
+    assert [f.name for f in m.callees_first()] == [f"f{k}" for k in range(3000)]
+    m = eqsat.parse(call_tree(26))
+    m = m.replace(list(reversed(m.items)))
     order = {f.name: i for i, f in enumerate(m.callees_first())}
-    assert len(order) == 26
-    assert all(order[f"f{k - 1}"] < order[f"f{k}"] for k in range(1, 26))
-    assert eqsat.cost(m) > 2 ** 24 * eqsat.cost(_call_chain(0, 1)) / 2
+    assert len(order) == 26 and all(order[f"f{k - 1}"] < order[f"f{k}"] for k in range(1, 26))
+    assert eqsat.cost(m) > 2 ** 24 * eqsat.cost(eqsat.parse(call_tree(1)))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import eqsat
+from call_trees import call_tree
 from eqsat.extract import OptimizeWarning, optimize_with_report, pipeline, validate
 
 ROWS = """module @m
@@ -58,21 +59,11 @@ func @f(%x: f32[4096,1024], %w: f32[1024,1024]) -> f32[4096,1024] {
     assert not validate.affordable(small, small, 1e-6)
 
 
-def _doubling_calls(depth: int) -> eqsat.Module:
-    """@f{depth-1} calls the function before it twice, down to @f0: 2^(depth-1) calls of @f0."""
-    funcs = ["func @f0(%x: f32[4]) -> f32[4] {\n  %y = sin %x : f32[4]\n  return %y\n}"]
-    for i in range(1, depth):
-        funcs.append(f"func @f{i}(%x: f32[4]) -> f32[4] {{\n  %a = call @f{i - 1}(%x) : f32[4]\n"
-                     f"  %w = cos %x : f32[4]\n  %b = call @f{i - 1}(%w) : f32[4]\n"
-                     f"  %z = add %a, %b : f32[4]\n  return %z\n}}")
-    return eqsat.parse("\n".join(funcs))
-
-
 def test_a_callee_is_counted_at_every_call():
     # each function looks cheap alone, but the last runs @f0 2^24 times: interpreting it took
     # minutes, and optimize ran it twice
-    assert validate.affordable(_doubling_calls(3), _doubling_calls(3), 5.0)
-    assert not validate.affordable(_doubling_calls(25), _doubling_calls(25), 5.0)
+    assert validate.affordable(eqsat.parse(call_tree(3)), eqsat.parse(call_tree(3)), 5.0)
+    assert not validate.affordable(eqsat.parse(call_tree(25)), eqsat.parse(call_tree(25)), 5.0)
 
 
 def test_optimize_keeps_the_input_when_its_result_disagrees(monkeypatch):

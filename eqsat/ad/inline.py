@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..ir import Function, Stmt
-from ..ir.module import Names
+from ..ir.module import Names, inlined_sizes
 from ..ir.fused import EXPANSIONS, unfuse
 
 # Ops the reverse pass never sees: flattening replaces them by what they stand for.
@@ -27,22 +27,7 @@ MAX_FLAT_STATEMENTS = 1_000_000
 def flat_size(f: Function, functions: Mapping[str, Function]) -> int:
     """How many statements other than calls `f` runs with its calls inlined (each callee
     counted at every call), computed without inlining."""
-    done: dict[str, int] = {}
-    stack = [f.name]
-    while stack:  # explicit stack: call chains may be thousands deep
-        name = stack[-1]
-        if name in done:
-            stack.pop()
-            continue
-        func = f if name == f.name else functions[name]
-        calls = [s.attr["callee"] for s in func.body if s.op == "call"]
-        pending = [c for c in calls if c not in done]
-        if pending:
-            stack.extend(pending)
-            continue
-        stack.pop()
-        done[name] = len(func.body) - len(calls) + sum(done[c] for c in calls)
-    return done[f.name]
+    return inlined_sizes({**functions, f.name: f})[f.name]
 
 
 def flatten(f: Function, functions: Mapping[str, Function], reserved: set[str]) -> Function:

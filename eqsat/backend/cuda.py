@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..ir.fused import EXPANSIONS, unfuse_function
-from ..ir.module import Function, Module, Stmt
+from ..errors import Error
+from ..ir.module import Function, Module, Stmt, inlined_sizes
 from ..ir.types import TensorType
 from ..ir.verifier import plain_module
 from . import nvptx_target as T
@@ -164,9 +165,22 @@ def describe(plans: dict[str, GpuPlan]) -> str:
     return "\n".join(lines)
 
 
+# A GPU call runs its callees inlined, one kernel per statement, and each kernel costs ~10 ms
+# to generate: functions that each call the one before twice double that at every level
+# (8 deep: 51 s of PTX generation), so beyond this many statements a function is refused.
+MAX_INLINED_STATEMENTS = 20_000
+
+
 def build(module: Module, arch: str = T.DEFAULT_ARCH) -> PtxProgram:
     """Lower a module of plain functions to PTX and launch plans."""
     module = plain_module(module, "the CUDA backend")
+    for name, size in inlined_sizes({f.name: f for f in module.functions}).items():
+        if size > MAX_INLINED_STATEMENTS:
+            raise Error(f"the CUDA backend runs @{name} with its calls inlined: {size:,} "
+                        f"statements, each a kernel, more than the {MAX_INLINED_STATEMENTS:,} "
+                        f"it generates code for (a function called twice by each of a chain "
+                        f"of callers is copied once per call); the CPU target calls functions "
+                        f"out of line")
     llmod = T.new_module(module.name, arch)
     kb = GpuKernelBuilder(llmod)
     plans = {f.name: plan_function(module, f, kb) for f in module.functions}

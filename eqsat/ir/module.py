@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
@@ -288,26 +288,8 @@ class Module:
         return tuple(it for it in self.items if isinstance(it, GradDecl))
 
     def callees_first(self) -> list[Function]:
-        """The plain functions, each after every function it calls (calls that name no
-        function here are left to the verifier, which also refuses recursion). Iterative:
-        call chains may be thousands deep."""
-        funcs = {f.name: f for f in self.functions}
-        order: list[Function] = []
-        seen: set[str] = set()
-        for root in funcs:
-            stack = [(root, False)]
-            while stack:
-                name, finished = stack.pop()
-                if finished:
-                    order.append(funcs[name])
-                    continue
-                if name in seen:
-                    continue
-                seen.add(name)
-                stack.append((name, True))
-                stack.extend((c, False) for s in funcs[name].body if s.op == "call"
-                             and (c := s.attr["callee"]) in funcs and c not in seen)
-        return order
+        """The plain functions, each after every function it calls (see `callees_first`)."""
+        return callees_first({f.name: f for f in self.functions})
 
     def replace(self, items: list[Item] | tuple[Item, ...] | None = None,
                 name: str | None = None) -> Module:
@@ -322,6 +304,39 @@ class Module:
 
     def __repr__(self) -> str:
         return f"<eqsat.Module @{self.name}: {', '.join('@' + it.name for it in self.items)}>"
+
+
+def callees_first(functions: Mapping[str, Function]) -> list[Function]:
+    """`functions`, each after every one it calls (calls that name none of them are left to
+    the verifier, which also refuses recursion). Iterative: call chains may be thousands
+    deep."""
+    order: list[Function] = []
+    seen: set[str] = set()
+    for root in functions:
+        stack = [(root, False)]
+        while stack:
+            name, finished = stack.pop()
+            if finished:
+                order.append(functions[name])
+                continue
+            if name in seen:
+                continue
+            seen.add(name)
+            stack.append((name, True))
+            stack.extend((c, False) for s in functions[name].body if s.op == "call"
+                         and (c := s.attr["callee"]) in functions and c not in seen)
+    return order
+
+
+def inlined_sizes(functions: Mapping[str, Function]) -> dict[str, int]:
+    """How many statements other than calls each function runs with its calls inlined (a
+    callee counted at every call), computed without inlining: a chain of functions that each
+    call the one before twice doubles it at every level."""
+    sizes: dict[str, int] = {}
+    for f in callees_first(functions):
+        calls = [s.attr["callee"] for s in f.body if s.op == "call"]
+        sizes[f.name] = len(f.body) - len(calls) + sum(sizes.get(c, 0) for c in calls)
+    return sizes
 
 
 def _expand(item: Any) -> list[Item]:
