@@ -165,9 +165,9 @@ def describe(plans: dict[str, GpuPlan]) -> str:
     return "\n".join(lines)
 
 
-# A GPU call runs its callees inlined, one kernel per statement, and each kernel costs ~10 ms
-# to generate: functions that each call the one before twice double that at every level
-# (8 deep: 51 s of PTX generation), so beyond this many statements a function is refused.
+# A GPU call runs its callees inlined, one launch per statement: functions that each call the
+# one before twice double that at every level (8 deep took 51 s of PTX generation when each
+# statement had a kernel of its own), so beyond this many statements a function is refused.
 MAX_INLINED_STATEMENTS = 20_000
 
 

@@ -51,6 +51,10 @@ class GpuKernelBuilder:
     def __init__(self, module: ir.Module):
         self.module = module
         self.count = 0
+        # Kernels built, by what determines their code: a statement repeated on the same types
+        # (a forward value the gradient recomputes, a chain of one op, inlined calls of one
+        # function) is one kernel, launched once per statement.
+        self.built: dict[tuple, GpuKernel] = {}
 
     def function(self, op: str, outs: Sequence[DType], ins: Sequence[DType]
                  ) -> tuple[ir.Function, ir.IRBuilder, list[ir.Value], list[ir.Value]]:
@@ -167,4 +171,8 @@ def build_gpu_kernel(kb: GpuKernelBuilder, s: Stmt, ins: Sequence[TensorType]) -
     if builder is None:
         raise LoweringError(f"the CUDA backend cannot lower op {s.op!r} "
                             f"(%{', %'.join(s.results)} = {s.op} ...: no GPU kernel for it)")
-    return builder(kb, s, ins)
+    key = (s.op, repr(s.attrs), s.types, tuple(ins))  # repr: -0.0 is not 0.0, nan is nan
+    kernel = kb.built.get(key)
+    if kernel is None:
+        kernel = kb.built[key] = builder(kb, s, ins)
+    return kernel
