@@ -312,8 +312,8 @@ def test_a_call_tree_too_large_to_inline_is_refused_at_once():
     import time
 
     t0 = time.perf_counter()
-    with pytest.raises(eqsat.Error, match=r"@f13 with its calls inlined: 24,574 statements"):
-        eqsat.emit(eqsat.parse(call_tree(16)), target="ptx")
+    with pytest.raises(eqsat.Error, match=r"@f16 with its calls inlined: 196,606 statements"):
+        eqsat.emit(eqsat.parse(call_tree(17)), target="ptx")
     assert time.perf_counter() - t0 < 10
     assert ".entry" in eqsat.emit(eqsat.parse(call_tree(3)), target="ptx")
 

@@ -168,7 +168,7 @@ def describe(plans: dict[str, GpuPlan]) -> str:
 # A GPU call runs its callees inlined, one launch per statement: functions that each call the
 # one before twice double that at every level (8 deep took 51 s of PTX generation when each
 # statement had a kernel of its own), so beyond this many statements a function is refused.
-MAX_INLINED_STATEMENTS = 20_000
+MAX_INLINED_STATEMENTS = 100_000
 
 
 def build(module: Module, arch: str = T.DEFAULT_ARCH) -> PtxProgram:
