@@ -266,3 +266,25 @@ def test_exit_while_a_daemon_thread_saturates_is_clean():
         done = subprocess.run([sys.executable, "-c", EXIT_WHILE_SATURATING], timeout=120,
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_serializing_decodes_each_primitive_class_once(monkeypatch):
+    import json
+
+    from eqsat.rules import bridge
+
+    m = eqsat.parse("module @s\nfunc @f(%x: f32[3]) -> f32[3] {\n  %a = exp %x : f32[3]\n"
+                    "  %b = neg %a : f32[3]\n  %c = tanh %b : f32[3]\n  return %c\n}\n")
+    eg = load(m)
+    loads, texts = json.loads, []
+
+    def counting(s, *a, **k):
+        texts.append(s)
+        return loads(s, *a, **k)
+
+    monkeypatch.setattr(bridge.json, "loads", counting)
+    ser = eg.serialize()
+    monkeypatch.undo()
+    # four tensors share the dtype "f32": its String class is decoded once, not per tensor
+    assert texts.count('"f32"') == 1
+    assert {t.dtype for t in ser.types.values()} == {eqsat.f32}

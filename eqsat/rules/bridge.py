@@ -284,7 +284,14 @@ def _decode(data: dict, eg: EGraph) -> Serialized:
     for nid, n in raw.items():
         by_class.setdefault(n["eclass"], []).append(nid)
 
+    decoded: dict[str, Any] = {}  # shapes and strings repeat: each class is decoded once
+
     def prim(cid: str) -> Any:
+        if cid not in decoded:
+            decoded[cid] = _prim(cid)
+        return decoded[cid]
+
+    def _prim(cid: str) -> Any:
         node = raw[by_class[cid][0]]
         sort, op = kinds.get(cid), node["op"]
         if sort == "i64":
