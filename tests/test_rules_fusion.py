@@ -429,3 +429,17 @@ def test_fusion_pass_cut_short_puts_each_new_kernel_in_its_own_class():
         if n.op == "map":
             out = ser.types[n.eclass].shape
             assert all(broadcastable(ser.types[c].shape, out) for c in n.children), n
+
+
+def test_fusion_graph_finds_a_class_kernels_once():
+    from eqsat.rules import load
+    from eqsat.rules.fusion_graph import FusionGraph
+
+    m = parse("module @k\nfunc @f(%x: f32[3]) -> f32[3] {\n  %a = exp %x : f32[3]\n"
+              "  %b = neg %a : f32[3]\n  %c = mul %a, %b : f32[3]\n  return %c\n}\n")
+    g = FusionGraph(load(m).serialize())
+    (a,) = [c for c in g.ser.classes if any(n.op == "exp" for n in g.nodes(c))]
+    # every kernel reading `a` asks for its kernels again: the answer is kept, not rebuilt
+    first = g.kernels(a)
+    assert [k.body for k in first] == [parse_body("exp($0)")]
+    assert g.kernels(a) is first

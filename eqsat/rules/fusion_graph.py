@@ -70,6 +70,7 @@ class FusionGraph:
         self._all: dict[str, list[tuple[frozenset[str], float]]] = {}
         self._through: dict[str, Expr | str] = {}
         self._normal: dict[tuple, tuple[Kernel, str]] = {}
+        self._kernels: dict[str, list[Kernel]] = {}
 
     def nodes(self, c: str) -> Iterator[ENode]:
         for nid in self.ser.classes.get(c, ()):
@@ -100,7 +101,13 @@ class FusionGraph:
         return body_flops(k.body, ins, self.types[c].shape)
 
     def kernels(self, c: str) -> list[Kernel]:
-        """The elementwise ops of class c as kernels, then its MAX_FORMS largest maps."""
+        """The elementwise ops of class c as kernels, then its MAX_FORMS largest maps (once per
+        class: the pass asks again for every kernel reading c)."""
+        if c not in self._kernels:
+            self._kernels[c] = self._find_kernels(c)
+        return self._kernels[c]
+
+    def _find_kernels(self, c: str) -> list[Kernel]:
         core, maps = [], []
         for n in self.nodes(c):
             if n.op in self.elementwise:
