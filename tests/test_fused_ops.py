@@ -213,3 +213,17 @@ def test_bad_statements_are_located(stmt, error, marker, message):
         eqsat.parse(text)
     assert type(info.value) is error and message in str(info.value), str(info.value)
     assert (info.value.line, info.value.col) == (4, 3 + stmt.index(marker)), str(info.value)
+
+
+def test_the_op_table_is_read_once_per_body(monkeypatch):
+    from eqsat.ir import scalar_expr
+
+    calls = []
+    real = scalar_expr.body_op_names
+    monkeypatch.setattr(scalar_expr, "body_op_names", lambda: calls.append(1) or real())
+    text = "tanh(add(mul($0, $1), neg(exp(sub($0, 0.5)))))"  # six ops applied
+    body = scalar_expr.parse_body(text)
+    assert len(calls) == 1  # parsing reads the table of allowed ops once, not once per op
+    f32 = eqsat.ir.DType.f32
+    assert scalar_expr.check_body(body, [f32, f32]) == f32
+    assert len(calls) == 2  # typing too: the fusion pass types thousands of such bodies

@@ -156,10 +156,10 @@ def format_body(e: Expr) -> str:
 
 def read_body(p: Any, name: str) -> Expr:
     """Read a body at the parser's position (the ATTR_PARSERS hook); unknown ops are ParseErrors."""
-    return _read(p, name, 1)
+    return _read(p, name, 1, body_op_names())
 
 
-def _read(p: Any, name: str, depth: int) -> Expr:
+def _read(p: Any, name: str, depth: int, allowed: frozenset[str]) -> Expr:
     tok = p.tok
     if depth > MAX_DEPTH:
         raise p.error(f"body {name!r} is nested deeper than {MAX_DEPTH} levels")
@@ -168,14 +168,13 @@ def _read(p: Any, name: str, depth: int) -> Expr:
         return Arg(int(tok.text[1:]))
     following = p.toks[p.i + 1] if p.i + 1 < len(p.toks) else tok
     if tok.kind == "ident" and following.kind == "punct" and following.text == "(":
-        allowed = body_op_names()
         if tok.text not in allowed:
             raise p.error(_unknown_op(tok.text, allowed), tok)
         p.next()
         p.punct("(", f"'(' and the operands of {tok.text}")
-        args = [_read(p, name, depth + 1)]
+        args = [_read(p, name, depth + 1, allowed)]
         while p.accept("punct", ","):
-            args.append(_read(p, name, depth + 1))
+            args.append(_read(p, name, depth + 1, allowed))
         p.punct(")", f"')' or ',' in the operands of {tok.text}")
         return App(tok.text, tuple(args))
     if tok.kind in ("number", "ident"):
@@ -295,6 +294,13 @@ def fold(e: Expr, args: Sequence[V], dtype_of: Callable[[V], DType],
     (the rule in the module docstring), `app(node, values)` applies an op. Unknown ops, wrong
     arities and `$i` out of range raise OpTypeError(attr="body") naming `what`.
     """
+    # the table is read once per body, not once per op applied in it
+    return _fold(e, args, dtype_of, lit, app, expected, what, body_op_names())
+
+
+def _fold(e: Expr, args: Sequence[V], dtype_of: Callable[[V], DType],
+          lit: Callable[[Lit, DType], V], app: Callable[[App, list[V]], V],
+          expected: DType | None, what: str, allowed: frozenset[str]) -> V:
     if isinstance(e, Arg):
         if e.index >= len(args):
             have = f"$0..${len(args) - 1}" if args else "none"
@@ -309,7 +315,6 @@ def fold(e: Expr, args: Sequence[V], dtype_of: Callable[[V], DType],
         return lit(e, expected)
     if not isinstance(e, App):
         raise OpTypeError(f"{what}: {e!r} is not a body expression", attr="body")
-    allowed = body_op_names()
     if e.op not in allowed:
         raise OpTypeError(f"{what}: {_unknown_op(e.op, allowed)}", attr="body")
     arity = OPS[e.op].arity
@@ -323,13 +328,13 @@ def fold(e: Expr, args: Sequence[V], dtype_of: Callable[[V], DType],
     for i, a in enumerate(e.args):
         if _has_arg(a):
             hint = DType.bool if conds[i] else (expected if same else None)
-            values[i] = fold(a, args, dtype_of, lit, app, hint, what)
+            values[i] = _fold(a, args, dtype_of, lit, app, hint, what, allowed)
             if not conds[i] and peer is None:
                 peer = dtype_of(values[i])
     for i, a in enumerate(e.args):
         if not _has_arg(a):
             hint = DType.bool if conds[i] else (peer or (expected if same else None))
-            values[i] = fold(a, args, dtype_of, lit, app, hint, what)
+            values[i] = _fold(a, args, dtype_of, lit, app, hint, what, allowed)
     return app(e, values)
 
 
