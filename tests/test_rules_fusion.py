@@ -443,3 +443,25 @@ def test_fusion_graph_finds_a_class_kernels_once():
     first = g.kernels(a)
     assert [k.body for k in first] == [parse_body("exp($0)")]
     assert g.kernels(a) is first
+
+
+def test_epilogue_renumbers_a_body_only_for_a_product_operand(monkeypatch):
+    from eqsat.rules import fusion_pass, load
+    from eqsat.rules.fusion_graph import FusionGraph
+
+    m = parse("module @k\nfunc @f(%x: f32[3,3], %w: f32[3,3]) -> (f32[3,3], f32[3,3]) {\n"
+              "  %a = exp %x : f32[3,3]\n  %c = mul %a, %a : f32[3,3]\n  %p = matmul %w, %x"
+              " : f32[3,3]\n  %d = add %p, %x : f32[3,3]\n  return %c, %d\n}\n")
+    g = FusionGraph(load(m).serialize())
+    ops = {c: {n.op for n in g.nodes(c)} for c in g.ser.classes}
+    mul, add = (next(c for c, o in ops.items() if op in o) for op in ("mul", "add"))
+    calls = []
+    real = fusion_pass.substitute
+    monkeypatch.setattr(fusion_pass, "substitute", lambda *a: calls.append(1) or real(*a))
+    p = fusion_pass.FusionPass(frozenset())
+    (k,) = g.kernels(mul)
+    assert list(p._epilogue(g, mul, g.types[mul], k, 0)) == []
+    assert calls == []  # `exp %x` is no matmul: nothing to renumber
+    (k,) = g.kernels(add)
+    (epi,) = p._epilogue(g, add, g.types[add], k, 0)
+    assert epi.op == "matmul_epi" and calls == [1]

@@ -209,14 +209,15 @@ class FusionPass:
         oc = k.operands[i]
         if g.types.get(oc) != t:
             return
+        products = [n for n in g.nodes(oc) if n.op in ("matmul", "matmul_t")]
+        if not products:
+            return  # most operands are no product: the body is not renumbered for them
         # the product becomes $0, the kernel's other operands follow
         rest = k.operands[:i] + k.operands[i + 1:]
         mapping = {j: Arg(j + 1 if j < i else j) for j in range(len(k.operands))}
         mapping[i] = Arg(0)
         body = substitute(k.body, mapping)
-        for n in g.nodes(oc):
-            if n.op not in ("matmul", "matmul_t"):
-                continue
+        for n in products:
             ta, tb = (dict(n.attrs)["ta"], dict(n.attrs)["tb"]) if n.op == "matmul_t" else (0, 0)
             epi = canonical((oc,) + rest, body, fixed=1)
             operands = n.children + epi.operands[1:]
