@@ -36,7 +36,6 @@ from ..ir.module import Stmt
 from ..ir.ops import OPS, OpTypeError, broadcastable, ops_in
 from ..ir.scalar_expr import Arg, merge, substitute
 from ..ir.types import TensorType
-from . import egglog_text
 from .bridge import EGraph, ENode, _list, const_term
 from .fusion_graph import (MAX_FORMS, MAX_OPERANDS, FusionGraph, Kernel, body_size,
                            canonical, same_domain)
@@ -284,9 +283,10 @@ class FusionPass:
         rewrite's actions do, and the run rebuilds the e-graph once. Nothing is bound by a
         top-level `let`: egglog makes a table of every global name, and each push and pop of
         the e-graph copies them all (the ~900 names a transformer block's passes bound made
-        returning its e-graph to the pool take 20 ms of CPU instead of 9). The rule is built
-        as egglog's command objects (`egglog_text`), not parsed: a parsed program costs time
-        quadratic in its length.
+        returning its e-graph to the pool take 20 ms of CPU instead of 9). The rule is
+        egglog text, parsed by egglog: built in Python as egglog's command objects it ran
+        faster, but a process whose daemon thread had run such a rule crashed at exit (a
+        segfault in 5-8 of 40 runs of test_exit_while_a_daemon_thread_saturates_is_clean).
 
         No new term is built inside a top-level `union`: egglog 13.2 (commit 2e5657b) there
         sometimes gave it the id of an unrelated e-class (a map fused for rows of `x` landed in
@@ -305,7 +305,9 @@ class FusionPass:
                 actions.append(f"(union {target} {eg._stmt_term(stmt, 0, env)})")
             self.batches += 1
             ruleset = f"fuse_add_{self.batches}"
-            yield egglog_text.run_once(ruleset, refs.lines + actions), chunk
+            body = " ".join(refs.lines + actions)
+            yield (f"(ruleset {ruleset})\n(rule () ({body}) :ruleset {ruleset})\n"
+                   f"(run {ruleset} 1)"), chunk
 
 
 class _Refs:
