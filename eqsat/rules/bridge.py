@@ -148,9 +148,8 @@ class EGraph:
         # first, its analysis rules (constant folding) fire here.
         self.load_outputs = self.analyze()
 
-    def run(self, program: str | list[Any]) -> list[Any]:
-        """Run egglog program text (or egglog's command objects) on the e-graph; returns
-        egglog's outputs."""
+    def run(self, program: str) -> list[Any]:
+        """Run egglog program text on the e-graph; returns egglog's outputs."""
         if self.native is None:
             raise BridgeError("the e-graph was closed")
         try:
@@ -268,10 +267,9 @@ def _fresh_native(checks: bool = True) -> Any:
     return native
 
 
-def _declare(native: Any, program: str | list[Any]) -> list[Any]:
+def _declare(native: Any, program: str) -> list[Any]:
     with egglog_call():
-        commands = native.parse_program(program) if isinstance(program, str) else program
-        return native.run_program(*commands)
+        return native.run_program(*native.parse_program(program))
 
 
 # ---------------------------------------------------------------- serialized JSON -> Python

@@ -29,7 +29,6 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from ..ir.fused import domain
 from ..ir.module import Stmt
@@ -275,7 +274,7 @@ class FusionPass:
     # -------------------------------------------------------------- egglog program
 
     def _programs(self, eg: EGraph, g: FusionGraph, cands: list[Candidate]
-                  ) -> Iterator[tuple[list[Any], list[Candidate]]]:
+                  ) -> Iterator[tuple[str, list[Candidate]]]:
         """egglog programs adding `cands`, CHUNK at a time, each with the candidates it adds.
 
         Each program runs one rule once: its actions name every class they read by a local
