@@ -177,7 +177,7 @@ def build(module: Module, arch: str = T.DEFAULT_ARCH) -> PtxProgram:
     for name, size in inlined_sizes({f.name: f for f in module.functions}).items():
         if size > MAX_INLINED_STATEMENTS:
             raise Error(f"the CUDA backend runs @{name} with its calls inlined: {size:,} "
-                        f"statements, each a kernel, more than the {MAX_INLINED_STATEMENTS:,} "
+                        f"statements, each a launch, more than the {MAX_INLINED_STATEMENTS:,} "
                         f"it generates code for (a function called twice by each of a chain "
                         f"of callers is copied once per call); the CPU target calls functions "
                         f"out of line")

@@ -2,16 +2,16 @@
 
 LLVM's pipeline and code generation are most of a cold compile and work function by function,
 so a module cut into parts of about equal cost (`_cost`: instructions, and a fixed cost per
-function) compiles in about the time of its largest part
-when each part compiles in its own process (see compile_workers.py). The unit of the cut is a
+function) compiles in about the time of its largest part when each part compiles in its own
+process (see compile_workers.py). The unit of the cut is a
 *cluster*: an entry function with its out-of-line parts, or a kernel `kN` the thread pool runs
 with the functions named `kN.*` that only it calls (its thread task, epilogue, body). Helpers
 every kernel may call (the math library, streaming copies, packing loops) and kernels called
 directly (`_called_directly`) are internal and stateless: each part gets its own copy of those
 it reaches. A function one part calls and another defines (only a thread task, in practice)
 becomes external in its own part and is declared in the other; everything else keeps its
-linkage, so a kernel still inlines into the entry of its part. Kernels whose bodies are equal up to their
-names go to one part, where the pipeline's function merging keeps one of them.
+linkage, so a kernel still inlines into the entry of its part. Kernels whose bodies are equal
+up to their names go to one part, where the pipeline's function merging keeps one of them.
 
 The text is the one llvmlite's printer writes (cpu.lower): top-level definitions start at
 column 0 with `define` and end at a line `}`; everything else (the header, declarations,

@@ -18,7 +18,7 @@ def gemm_switches() -> tuple[bool, bool]:
     if mode not in ("all", "batched", "0"):
         raise Error(f"EQSAT_GEMM must be 'all' (the default), 'batched' (lone products on the "
                     f"BLAS) or '0' (every product on the BLAS), not {mode!r}")
-    return mode != "0", mode != "batched" and mode != "0"
+    return mode != "0", mode == "all"
 
 
 def default_threads() -> int:

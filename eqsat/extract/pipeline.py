@@ -193,8 +193,8 @@ def _extract_all(module: Module, ser: Serialized, model: CostModel, method: str,
     final: dict[str, float] = {}  # function -> cost of the body kept, callees as kept
     chosen: dict[str, Function] = {}
     results: dict[str, FunctionResult] = {}
-    for name in (f.name for f in module.callees_first()):
-        f = funcs[name]
+    for f in module.callees_first():
+        name = f.name
         left = sum(sizes[g] for g in funcs if g not in final)
         share = max(0.05, (budget - (time.perf_counter() - start)) * sizes[name] / left)
         in_cost = own_cost(f, model, final)

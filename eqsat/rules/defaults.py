@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from .algebraic import algebraic
 from .fusion import fusion
 from .lang import Rule, RuleSet
@@ -13,23 +15,22 @@ IEEE_UNSAFE = ("log_exp", "exp_add", "factor_mul_add", "factor_mul_sub", "factor
                "matmul_factor_left", "matmul_factor_right", "mm_assoc_right", "mm_assoc_left",
                "div_bcast_recip")
 
-# ieee -> (set name, rules): parsing and checking the built-in text took ~15 ms, paid by
-# every optimize that used the built-in rules. Rules are frozen and the tuple is immutable;
-# each call wraps them in a RuleSet of its own, so what a caller does to the set it got
-# (adding to it, rebinding its attributes) never reaches the next caller.
-_BUILT: dict[bool, tuple[str, tuple[Rule, ...]]] = {}
-
-
 def default(ieee: bool = False) -> RuleSet:
     """The built-in rules (algebraic + layout + fusion); with `ieee=True` without
     IEEE_UNSAFE, so optimized programs give numpy's values at inf, NaN and overflow too."""
-    ieee = bool(ieee)
-    if ieee not in _BUILT:
-        if False not in _BUILT:
-            rules = algebraic() + layout() + fusion()
-            _BUILT[False] = (rules.name, rules.rules)
-        if ieee:
-            rules = RuleSet(_BUILT[False][1], _BUILT[False][0]).without(*IEEE_UNSAFE)
-            _BUILT[True] = (rules.name, rules.rules)
-    name, rules = _BUILT[ieee]
+    name, rules = _built(bool(ieee))
     return RuleSet(rules, name)
+
+
+@functools.cache
+def _built(ieee: bool) -> tuple[str, tuple[Rule, ...]]:
+    """The set's name and rules, once per process: parsing and checking the built-in text took
+    ~15 ms, paid by every optimize that used the built-in rules. Rules are frozen and the
+    tuple immutable; `default` wraps them in a RuleSet of its own for each caller, so what one
+    does to the set it got (adding to it, rebinding its attributes) never reaches the next."""
+    if ieee:
+        name, rules = _built(False)
+        built = RuleSet(rules, name).without(*IEEE_UNSAFE)
+    else:
+        built = algebraic() + layout() + fusion()
+    return built.name, built.rules

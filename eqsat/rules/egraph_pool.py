@@ -7,8 +7,8 @@ and `pop` save and restore a whole e-graph, so an e-graph is handed out pushed a
 declarations and, when its module is done with, popped back and kept for the next one: each
 declaration is paid once per process, thread, schema and rule set. The schema is the
 prelude's variant (checked, or unchecked for sets of well-typed rules: `schema.prelude`):
-an e-graph is kept under both names, so none declared for one is handed out for another. An e-graph whose use failed is
-dropped, never reused.
+an e-graph is kept under both names, so none declared for one is handed out for another. An
+e-graph whose use failed is dropped, never reused.
 
 egglog's e-graph belongs to the thread that made it (pyo3 panics where another thread uses
 or drops it), so each thread keeps its own: they go with the thread when it ends.
