@@ -141,6 +141,7 @@ def test_gradients_match_central_differences(body):
     (lambda a: np.diagonal(a[0]), "needs at least 2 axes"),
     (lambda a: np.tril(a[0]), "needs at least 2 axes"),
     (lambda a: np.diag(a[None]), "1-d or 2-d"),
+    (lambda a: np.trace(a, out=a), "trace(out=...) cannot be traced"),
 ])
 def test_what_numpy_refuses_or_eqsat_cannot_trace_is_a_trace_error(body, fragment):
     def structure_model(a: f32[3, 3]):

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import dsl_array
 from .dsl_trace import as_tracer, constant, index, literal, trace_error
-from .dsl_tracer import FUNCTION_HANDLERS, Tracer
+from .dsl_tracer import FUNCTION_HANDLERS, Tracer, _numpy_defaults
 from .types import DType, TensorType
 
 
@@ -129,8 +129,7 @@ def diagonal(a: Any, offset: Any = 0, axis1: Any = 0, axis2: Any = 1) -> Tracer:
 def trace(a: Any, offset: Any = 0, axis1: Any = 0, axis2: Any = 1, dtype: Any = None,
           out: Any = None) -> Tracer:
     """`np.trace`: the sum of `np.diagonal`, in the dtype numpy's sum gives it."""
-    if out is not None:
-        raise trace_error("trace(out=...) cannot be traced: the result is a new value")
+    _numpy_defaults("trace", out=out)
     d = diagonal(a, offset, axis1, axis2)
     if dtype is not None:
         d = d.astype(dtype)
