@@ -172,8 +172,7 @@ class _Checker:
                 where = f" (first at line {first.line})" if first else ""
                 raise self.fail(f"@{item.name} is defined twice{where}", item.loc)
             self.items[item.name] = item
-        self.check_acyclic()
-        for name in self.topological_order():
+        for name in self.callees_first():
             item = self.items[name]
             if isinstance(item, Function):
                 self.sigs[name] = self.function_signature(item)
@@ -191,9 +190,11 @@ class _Checker:
                 out.append((callee, s.loc, s.loc.attr_col("callee") if s.loc else None))
         return out
 
-    def check_acyclic(self) -> None:
-        """Refuse recursion (an iterative DFS, so long call chains cannot overflow the stack)."""
+    def callees_first(self) -> list[str]:
+        """The items' names, each after every item it refers to; refuses recursion and
+        references to undefined items (an iterative DFS: call chains may be thousands deep)."""
         state: dict[str, int] = {}  # 1 on the stack, 2 done
+        order: list[str] = []
         for root in self.items:
             if root in state:
                 continue
@@ -218,27 +219,9 @@ class _Checker:
                         break
                 else:
                     state[name] = 2
+                    order.append(name)
                     path.pop()
                     stack.pop()
-
-    def topological_order(self) -> list[str]:
-        order: list[str] = []
-        done: set[str] = set()
-        for root in self.items:
-            stack = [(root, iter(self.edges(self.items[root])))]
-            if root in done:
-                continue
-            while stack:
-                name, it = stack[-1]
-                for callee, _, _ in it:
-                    if callee not in done:
-                        stack.append((callee, iter(self.edges(self.items[callee]))))
-                        break
-                else:
-                    stack.pop()
-                    if name not in done:
-                        done.add(name)
-                        order.append(name)
         return order
 
     def function_signature(self, f: Function) -> Signature:
