@@ -35,7 +35,7 @@ from ..ir.module import Function, Module, Names, Stmt
 from ..ir.ops import INTS
 from ..ir.types import DTYPES, TensorType
 from ..ir.verifier import verify
-from . import egraph_pool, schema
+from . import egglog_parse, egraph_pool, schema
 from .egglog_native import bindings
 from .in_flight import egglog_call
 
@@ -269,7 +269,7 @@ def _fresh_native(checks: bool = True) -> Any:
 
 def _declare(native: Any, program: str) -> list[Any]:
     with egglog_call():
-        return native.run_program(*native.parse_program(program))
+        return native.run_program(*egglog_parse.parse(native, program))
 
 
 # ---------------------------------------------------------------- serialized JSON -> Python
