@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import eqsat
-from eqsat.backend import chunks, compile_module, cpu, entry, parallel
+from eqsat.backend import chunks, compile_module, cpu, entry
 from eqsat.backend.cpu import lower
 from eqsat.ir import parse
 

@@ -19,7 +19,7 @@ from . import blas, fused_kernels  # (importing fused_kernels registers the fuse
 from .chunks import Group, Member, group_kernel, try_join
 from .llvm_kernels import STREAM_ALIGN, Kernel, KernelBuilder, build_kernel
 from .matmul_kernels import matmul_viewed, uses_packed_gemm
-from .loops import i64, row_major_strides
+from .loops import i64
 from .parallel import emit_kernel_call
 from .reuse import Buffer, find_shares
 from .runtime import STREAM_MIN
