@@ -41,6 +41,7 @@ def _consts_for(bits: int) -> dict[str, Any]:
         "max": float(np.finfo(np.float64 if bits == 64 else np.float32).max),
         "min_normal": 2.0 ** (-1022 if bits == 64 else -126),
         "xmax": fit.exp_overflow(bits),
+        "zero_below": fit.exp_underflow(bits),
         # clamps keep n small (n/2 a normal exponent, for _scale's two factors); beyond them
         # exp is 0 or inf
         "clamp_hi": 720.0 if bits == 64 else 100.0,
@@ -52,14 +53,14 @@ def _reduce(e: Emit, x: Value, clamp: bool = True) -> tuple[Value, Value]:
     """x -> (r, n as i32) with x = n ln2 + r, |r| <= ln2/2. With `clamp`, x is first
     clamped so that n is always a small integer; NaN passes through where n comes from lrint
     (an unspecified integer for NaN, and r is NaN), else it goes to the upper clamp (fptosi of
-    NaN would be poison) and callers restore it. Without `clamp`, the caller guarantees a
-    finite x within the clamps."""
+    NaN would be poison) and callers restore it. Where n comes from lrint, x is at least
+    exp_'s zero_below already. Without `clamp`, the caller guarantees a finite x within the
+    clamps."""
     k = _consts(e)
     xc = x
     if clamp and e.native_ldexp:
-        # min / max (one vminps / vmaxps each) whose compares are false on NaN: x stays
+        # min (one vminps) whose compare is false on NaN: x stays
         xc = e.sel(e.gt(x, k["clamp_hi"]), k["clamp_hi"], x)
-        xc = e.sel(e.lt(xc, k["clamp_lo"]), k["clamp_lo"], xc)
     elif clamp:
         xc = e.sel(e.lt(x, k["clamp_hi"]), x, k["clamp_hi"])
         xc = e.sel(e.gt(xc, k["clamp_lo"]), xc, k["clamp_lo"])
@@ -93,21 +94,26 @@ def _wide(e: Emit, ni: Value) -> Value:
 def exp_(e: Emit, x: Value, x_lo: Value | None = None) -> Value:
     """e^(x + x_lo); x_lo is an optional low part (double-double argument, used by pow)."""
     k = _consts(e)
+    # Where e^x rounds to 0 it is computed of x = 0 and replaced by 0 last: an x86 core takes
+    # a microcode assist for every result that underflows, so e^-inf, the common case over an
+    # attention mask (and sigmoid of a large logit), ran 20x slower than e^0.
+    zero = e.lt(x, k["zero_below"])
+    x = e.sel(zero, 0.0, x)
     r, ni = _reduce(e, x)
     if x_lo is not None:
         r = e.add(r, e.sel(e.lt(e.fabs(x), k["clamp_hi"]), x_lo, 0.0))
     # e^r as one Horner chain 1 + r (1 + r g(r)): one operation fewer than 1 + (r + r^2 g)
     res = _scale(e, e.horner(r, (1.0, 1.0, *fit.coefficients("exp", e.bits))), ni)
-    if e.native_ldexp:
-        # One rounding of a result within an ulp of e^x overflows exactly where the correctly
-        # rounded exp does: next to the threshold e^x moves by far more than an ulp per step
-        # of x (tests check both sides). NaN came through the clamps.
-        return res
-    # Overflow exactly where the correctly rounded exp overflows (sigmoid's 1/(1+e^-x) is 0
-    # beyond it, so being off by one ulp there would be off by millions of subnormal ulps).
-    res = e.sel(e.gt(res, k["max"]), k["max"], res)
-    res = e.sel(e.gt(x, k["xmax"]), INF, res)
-    return e.sel(e.isnan(x), x, res)
+    if not e.native_ldexp:
+        # Overflow exactly where the correctly rounded exp overflows (sigmoid's 1/(1+e^-x) is
+        # 0 beyond it, so being off by one ulp there would be off by millions of subnormal
+        # ulps). With ldexp, one rounding of a result within an ulp of e^x overflows exactly
+        # where the correctly rounded exp does: next to the threshold e^x moves by far more
+        # than an ulp per step of x (tests check both sides). NaN came through the clamps.
+        res = e.sel(e.gt(res, k["max"]), k["max"], res)
+        res = e.sel(e.gt(x, k["xmax"]), INF, res)
+        res = e.sel(e.isnan(x), x, res)
+    return e.sel(zero, 0.0, res)
 
 
 def expm1_pos(e: Emit, x: Value) -> Value:

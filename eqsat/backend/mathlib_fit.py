@@ -219,6 +219,13 @@ def split(v: Fraction, bits: int, parts: int, head_bits: int | None = None) -> l
 
 
 @functools.cache
+def exp_underflow(bits: int) -> float:
+    """An integer below which e^x rounds to 0 (under half the smallest subnormal), with room
+    for a low part added to x: -104 for f32, -746 for f64."""
+    mant, emin = (52, -1022) if bits == 64 else (23, -126)
+    return float(np.floor(np.log(LD(2) ** (emin - mant - 1))))
+
+
 def exp_overflow(bits: int) -> float:
     """The largest float x whose e^x rounds to a finite value (above it exp gives inf)."""
     mant, emax = (52, 1024) if bits == 64 else (23, 128)
