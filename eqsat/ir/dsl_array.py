@@ -6,6 +6,8 @@ and emits the IR's explicit form (sorted axes, written result types, reshapes an
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 from typing import Any
 
@@ -190,6 +192,12 @@ def matmul(a: Any, b: Any) -> Tracer:
     if a.shape[-1] != k_b:
         raise trace_error(f"matmul: inner dimensions differ ({a.type} @ {b.type}: "
                           f"{a.shape[-1]} != {k_b})")
+    if a.ndim >= 3 and b.ndim == 2:
+        # a stack of rows times one matrix (x[B, T, D] @ w) is one product of all the rows:
+        # as a batched product of w broadcast, w's gradient was a [B, D, N] stack summed
+        # over B, B times w's size in memory
+        rows = reshape(a, (math.prod(a.shape[:-1]), a.shape[-1]))
+        return reshape(emit(trace, "matmul", [rows, b]), a.shape[:-1] + b.shape[-1:])
     a2 = reshape(a, (1,) + a.shape) if a.ndim == 1 else a
     b2 = reshape(b, b.shape + (1,)) if b.ndim == 1 else b
     batch = broadcast_shape("matmul", [a2.type.with_shape(a2.shape[:-2]),
