@@ -178,6 +178,31 @@ def test_traced_functions_verify_and_accept_string_annotations():
     close(g(np.eye(2, dtype=np.float32), np.float32(3)), 3 * np.eye(2, dtype=np.float32))
 
 
+def test_string_annotations_read_the_decorating_scope_and_the_closure():
+    """A model factory under `from __future__ import annotations`: its `dt` and `n` were 'not
+    defined' when string annotations were evaluated in the module's globals alone. They are
+    read from the scope that decorates the function, or from its closure where it is
+    decorated elsewhere."""
+    def factory(dt, n):
+        @function
+        def layer(x: "dt[n, 2]", w: "dt[2, 3]"):
+            return x @ w
+
+        return layer
+
+    def undecorated(dt, n):
+        def layer(x: "dt[n, 2]", w: "dt[2, 3]"):
+            return (x @ w).astype(dt)[:n]
+
+        return layer
+
+    for dt, np_dt in ((f32, np.float32), (DType.f64, np.float64)):
+        x, w = np.ones((4, 2), np_dt), np.ones((2, 3), np_dt)
+        for layer in (factory(dt, 4), function(undecorated(dt, 4))):
+            assert [p.type for p in layer.ir.params] == [dt[4, 2], dt[2, 3]]
+            close(layer(x, w), x @ w)
+
+
 def test_traced_functions_pickle_as_their_ir():
     """The module-level name of a decorated function is the TracedFunction, so pickle could
     not store the Python function by name; it pickles as its IR and the functions it calls."""

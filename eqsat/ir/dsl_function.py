@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import re
+import sys
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -167,10 +168,27 @@ class TracedFunction:
     __repr__ = __str__
 
 
-def _param_types(fn: Callable[..., Any], name: str) -> tuple[list[Param], list[bool], Any]:
+def _local_names(fn: Callable[..., Any], caller: Any) -> dict[str, Any]:
+    """Names a string annotation may use besides `fn`'s globals: the locals of the scope that
+    decorates it and `fn`'s closure. A model factory's dtype and sizes (`def block(dt, n): ...
+    x: dt[n, n]`) are there, and under `from __future__ import annotations` every annotation
+    is a string."""
+    names = dict(caller.f_locals) if caller is not None else {}
+    code = getattr(fn, "__code__", None)
+    for var, cell in zip(code.co_freevars if code else (), getattr(fn, "__closure__", None) or ()):
+        try:
+            names[var] = cell.cell_contents
+        except ValueError:  # a cell not yet assigned
+            pass
+    return names
+
+
+def _param_types(fn: Callable[..., Any], name: str, caller: Any = None
+                 ) -> tuple[list[Param], list[bool], Any]:
     """The annotated parameters of `fn`, whether each is keyword-only, and the return note."""
     try:
-        annotations = inspect.get_annotations(fn, eval_str=True)
+        annotations = inspect.get_annotations(fn, eval_str=True,
+                                              locals=_local_names(fn, caller))
         parameters = inspect.signature(fn).parameters.values()
     except Exception as e:  # annotations are arbitrary user expressions
         raise trace_error(f"cannot read the annotations of {name}: {e}") from None
@@ -259,7 +277,7 @@ def function(fn: Callable[..., Any]) -> TracedFunction:
     if not _IR_NAME.match(name):
         raise trace_error(f"cannot trace {name or fn!r}: a traced function needs a name of ASCII "
                           f"letters, digits and _ (use a def, not a lambda)")
-    params, keyword_only, note = _param_types(fn, name)
+    params, keyword_only, note = _param_types(fn, name, sys._getframe(1))
     with tracing(name) as trace:
         tracers = [Tracer(trace, p.name, p.type) for p in params]
         out = fn(*[t for t, k in zip(tracers, keyword_only) if not k],
