@@ -331,6 +331,19 @@ def test_composites_of_a_scalar_name_themselves(name):
         function(g)
 
 
+@pytest.mark.parametrize("name", ["softmax", "logsumexp", "layer_norm"])
+def test_composites_name_themselves_for_an_axis_out_of_range(name):
+    # softmax(x, axis=2) of an f32[3,4] said 'max: axis 2 is out of range for rank 2'
+    composite = getattr(dsl, name)
+
+    def g(x: f32[3, 4]):
+        return composite(x, axis=2)
+
+    with pytest.raises(TraceError, match=rf"test_dsl_errors.py:\d+: {name}: axis 2 is out of "
+                                         rf"range for rank 2"):
+        function(g)
+
+
 @pytest.mark.parametrize("body", [lambda x: x[10**5000], lambda x: x.reshape(10**5000),
                                   lambda x: x.sum(axis=-10**5000),
                                   lambda x: dsl.softmax(x, 10**5000),

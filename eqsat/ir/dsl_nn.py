@@ -16,10 +16,10 @@ from .dsl_trace import as_tracer, numpy_scalar, trace_error, unary
 from .dsl_tracer import Tracer
 
 
-def float_operand(x: Any, what: str, axes: bool = True) -> Tracer:
-    """`x`, checked to be a traced float value (with an axis where the composite reduces over
-    `axes`): otherwise the composites would fail inside their formula, on an op the user
-    never wrote."""
+def float_operand(x: Any, what: str, axes: bool = True, axis: Any = -1) -> Tracer:
+    """`x`, checked to be a traced float value (where the composite reduces over `axes`, with
+    an axis and `axis` one of them): otherwise the composites would fail inside their formula,
+    on an op the user never wrote."""
     x = as_tracer(x, what)
     if not x.dtype.is_float:
         raise trace_error(f"{what}: needs a float tensor, got {x.type}; convert with "
@@ -27,13 +27,15 @@ def float_operand(x: Any, what: str, axes: bool = True) -> Tracer:
     if axes and not x.shape:
         raise trace_error(f"{what}: needs a tensor with an axis to work along, got the scalar "
                           f"{x.type}")
+    if axes:
+        dsl_array.normalize_axes(axis, x.ndim, what)
     return x
 
 
 def softmax(x: Tracer, axis: Any = -1) -> Tracer:
     """`exp(x) / sum(exp(x))` over `axis`, with the maximum subtracted first so exp cannot
     overflow (scipy.special.softmax's formula)."""
-    x = float_operand(x, "softmax")
+    x = float_operand(x, "softmax", axis=axis)
     e = unary("exp", x - dsl_array.reduce("max", x, axis, keepdims=True))
     return e / dsl_array.reduce("sum", e, axis, keepdims=True)
 
@@ -42,7 +44,7 @@ def logsumexp(x: Tracer, axis: Any = -1, keepdims: bool = False) -> Tracer:
     """`log(sum(exp(x)))` over `axis`, computed stably as `m + log(sum(exp(x - m)))` with `m`
     the maximum; as scipy.special.logsumexp, an infinite maximum is replaced by 0 so rows of
     -inf give -inf rather than nan."""
-    x = float_operand(x, "logsumexp")
+    x = float_operand(x, "logsumexp", axis=axis)
     m = dsl_array.reduce("max", x, axis, keepdims=True)
     m = dsl_array.where(unary("abs", m) < math.inf, m, 0.0)
     s = dsl_array.reduce("sum", unary("exp", x - m), axis, keepdims=True)
@@ -58,7 +60,7 @@ def layer_norm(x: Tracer, axis: Any = -1, eps: float = 1e-5, gamma: Tracer | Non
     """`(x - mean) / sqrt(var + eps)` over `axis` (biased variance, as in PyTorch), then scaled
     by `gamma` and shifted by `beta` when given (both broadcast against x). `eps` is taken in
     x's dtype even as a numpy scalar, which in numpy's own arithmetic would promote."""
-    x = float_operand(x, "layer_norm")
+    x = float_operand(x, "layer_norm", axis=axis)
     eps = numpy_scalar(eps)
     if isinstance(eps, np.generic):
         eps = eps.item()
