@@ -226,6 +226,7 @@ def exp_underflow(bits: int) -> float:
     return float(np.floor(np.log(LD(2) ** (emin - mant - 1))))
 
 
+@functools.cache
 def exp_overflow(bits: int) -> float:
     """The largest float x whose e^x rounds to a finite value (above it exp gives inf)."""
     mant, emax = (52, 1024) if bits == 64 else (23, 128)

@@ -7,7 +7,6 @@ and emits the IR's explicit form (sorted axes, written result types, reshapes an
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 from typing import Any
 
