@@ -310,6 +310,24 @@ def test_small_kernels_get_one_core_and_cached_bytes_the_cache_bandwidth():
             Roofline("x", peak_flops=1e9, bandwidth=1e9, launch=0.0, **bad)
 
 
+def test_a_kernel_on_the_calling_core_costs_a_call_not_a_thread_handoff():
+    """On the CPU a kernel too small for the threads is a call and a loop's setup (chains of
+    41 small kernels ran 3-4 ns per kernel slower than one); a microsecond apiece, the price
+    of handing one to the pool, made 41 tiny negations cost 41 us and bought fusion with
+    recomputation that ran slower than the program as written."""
+    model = Roofline("two cores", peak_flops=100e9, bandwidth=20e9, launch=1e-6, cores=2,
+                     serial_work=1e6, serial_launch=2e-8)
+    assert model.seconds(Work(flops=100.0, bytes=100.0, kernels=1)) < 3e-8
+    assert model.seconds(Work(flops=4e7, bytes=4e7, kernels=1)) > 1e-6
+    assert SLOW_CPU.seconds(Work(0.0, 0.0, 1)) == SLOW_CPU.launch  # unset: one price for all
+    chain = mod("func @f(%x: f32[8]) -> f32[8] {\n" + "".join(
+        f"  %v{i + 1} = neg %v{i} : f32[8]\n" for i in range(41)).replace("%v0", "%x")
+        + "  return %v41\n}")
+    assert eqsat.cost(chain, target="cpu") < 2e-6
+    with pytest.raises(eqsat.Error, match="serial_launch must be >= 0"):
+        Roofline("x", peak_flops=1e9, bandwidth=1e9, launch=0.0, serial_launch=-1.0)
+
+
 def test_zero_size_kernels_cost_on_a_model_without_a_cache():
     """A kernel of zero bytes is not 'in the cache' of a model that has none: it divided by
     the cache bandwidth of 0 (ZeroDivisionError from cost, optimize and compile for cuda)."""

@@ -203,7 +203,7 @@ OVERLAP = 0.5
 @dataclass(frozen=True)
 class Roofline:
     """max(flops / peak_flops, bytes / bandwidth), plus `overlap` times the smaller of the two,
-    plus launch seconds per kernel.
+    plus launch seconds per kernel (`serial_launch` for one that runs on one core, where set).
 
     `peak_flops` in FLOP/s, `bandwidth` in bytes/s, `launch` in seconds. Compute and memory
     traffic overlap well but not perfectly; the small share of the lesser term also means that
@@ -228,6 +228,7 @@ class Roofline:
     cache_bandwidth: float = 0.0
     overlap: float = OVERLAP
     in_place: frozenset[str] = frozenset()
+    serial_launch: float | None = None
 
     def __post_init__(self) -> None:
         for field_name in ("peak_flops", "bandwidth") + (("cache_bandwidth",)
@@ -238,6 +239,10 @@ class Roofline:
                             f"got {v!r}")
         if not (math.isfinite(self.launch) and self.launch >= 0):
             raise Error(f"Roofline {self.name!r}: launch must be >= 0 seconds, got {self.launch!r}")
+        if self.serial_launch is not None and not (math.isfinite(self.serial_launch)
+                                                   and self.serial_launch >= 0):
+            raise Error(f"Roofline {self.name!r}: serial_launch must be >= 0 seconds, "
+                        f"got {self.serial_launch!r}")
         if not (isinstance(self.cores, int) and self.cores >= 1):
             raise Error(f"Roofline {self.name!r}: cores must be an int >= 1, got {self.cores!r}")
         if not (isinstance(self.overlap, (int, float)) and 0 <= self.overlap <= 1):
@@ -261,8 +266,8 @@ class Roofline:
         cached = 0 < self.cache_bytes and w.bytes <= self.cache_bytes * kernels
         bandwidth = self.cache_bandwidth if cached else self.bandwidth
         compute, memory = w.flops / peak, w.bytes / bandwidth
-        return (max(compute, memory) + self.overlap * min(compute, memory)
-                + w.kernels * self.launch)
+        launch = self.serial_launch if serial and self.serial_launch is not None else self.launch
+        return max(compute, memory) + self.overlap * min(compute, memory) + w.kernels * launch
 
     def stmt_cost(self, op: str, attrs: Attrs, operands: Types, results: Types) -> float:
         """Seconds of one statement on this target."""
@@ -275,10 +280,14 @@ class Roofline:
 # microseconds from one kernel's launch to the next.
 CUDA = Roofline("cuda", peak_flops=60e12, bandwidth=4e12, launch=3e-6, overlap=0.1)
 
-# A CPU "launch" is a call from the entry function into a kernel's loop nest: thread
-# dispatch and loop setup, about a microsecond. Not measured: numpy's per-call overhead would
-# measure Python, not generated code.
+# A CPU "launch" is a call from the entry function into a kernel's loop nest. Handing a
+# kernel to the thread pool costs about a microsecond: a chain of 41 exps of 4096 floats, made
+# to run threaded, took 0.96 us more per kernel than one. A kernel run on the calling core
+# is a call and a loop's setup: chains of 41 small kernels ran 3-4 ns per kernel slower than
+# one, and at a microsecond apiece the optimizer paid for fewer of them with recomputation
+# (an attention's gradient at 2x7x8 ran in 13.9 us optimized, 10.8 us as written).
 CPU_LAUNCH = 1e-6
+CPU_SERIAL_LAUNCH = 2e-8
 
 # The view ops the CPU backend's kernels read in place (backend/views.py): an LSTM cell whose
 # gates are slices of one product ran in 1.24 ms, as fast as on four separate arrays, where the
@@ -296,7 +305,7 @@ def _cpu_model(cache: str | None) -> Roofline:
     return Roofline("cpu", rates.gflops * 1e9, rates.bandwidth_gbs * 1e9, CPU_LAUNCH,
                     cores=usable_cores(), serial_work=PARALLEL_MIN_WORK,
                     cache_bytes=rates.cache_bytes, cache_bandwidth=rates.cache_bandwidth_gbs * 1e9,
-                    in_place=CPU_IN_PLACE)
+                    in_place=CPU_IN_PLACE, serial_launch=CPU_SERIAL_LAUNCH)
 
 
 def cost_model(target: str | CostModel, cache: str | None = None) -> CostModel:
