@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..extension import load_extension
+from ..rules.in_flight import native_call
 from .choice import Extraction, ExtractionError, dag_cost
 from .egraph import EGraph
 from .greedy import extract_greedy, tree_choice
@@ -275,8 +276,12 @@ def _stdout_to_stderr() -> Iterator[None]:
 def _solve(obj: np.ndarray, rows: _Rows, lb: np.ndarray, ub: np.ndarray,
            integrality: np.ndarray, time_limit: float) -> tuple[np.ndarray | None, bool]:
     """Minimise obj @ x subject to the rows and bounds, the marked variables integer: a
-    feasible x (None if none was found in time) and whether it is proven optimal."""
-    with _stdout_to_stderr():
+    feasible x (None if none was found in time) and whether it is proven optimal.
+
+    HiGHS releases the GIL while it solves: the solve is a `native_call`, so that the
+    interpreter's exit waits for it (a daemon thread back from HiGHS during finalization was
+    ended inside its C++ frames, aborting the process)."""
+    with native_call(), _stdout_to_stderr():
         return _solve_quietly(obj, rows, lb, ub, integrality, time_limit)
 
 

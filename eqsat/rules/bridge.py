@@ -37,7 +37,7 @@ from ..ir.types import DTYPES, TensorType
 from ..ir.verifier import verify
 from . import egglog_parse, egraph_pool, schema
 from .egglog_native import bindings
-from .in_flight import egglog_call
+from .in_flight import native_call
 
 
 class BridgeError(Error):
@@ -237,7 +237,7 @@ class EGraph:
         """Snapshot the e-graph as plain Python (nodes, e-classes, types, roots)."""
         span = bindings.PanicSpan()
         roots = [bindings.Var(span, let) for lets in self.root_lets.values() for let in lets]
-        with egglog_call():
+        with native_call():
             text = self.native.serialize(roots).to_json()
         data = json.loads(text)
         return _decode(data, self)
@@ -268,7 +268,7 @@ def _fresh_native(checks: bool = True) -> Any:
 
 
 def _declare(native: Any, program: str) -> list[Any]:
-    with egglog_call():
+    with native_call():
         return native.run_program(*egglog_parse.parse(native, program))
 
 

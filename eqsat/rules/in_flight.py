@@ -1,8 +1,10 @@
-"""The calls into egglog running now, so that the interpreter's exit waits for them.
+"""The calls into native code running now (egglog, HiGHS), so that the interpreter's exit
+waits for them.
 
-egglog releases the GIL while it runs. A daemon thread (a server's background optimization)
-whose call returned while the interpreter was finalizing was ended inside egglog's Rust frames,
-which aborted the whole process; `egglog_call` wraps every call, and exit drains them.
+egglog and the HiGHS that scipy ships release the GIL while they run. A daemon thread (a
+server's background optimization) whose call returned while the interpreter was finalizing was
+ended inside their Rust or C++ frames, which aborted the whole process; `native_call` wraps
+every such call, and exit drains them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from collections.abc import Iterator
 class InFlight:
     """A count of calls under way: at interpreter exit it waits for them and holds back new
     ones (a call that returned during finalization ended its thread with pthread_exit inside
-    Rust: "FATAL: exception not rethrown", or a segfault)."""
+    Rust or C++: "FATAL: exception not rethrown", "terminate called without an active
+    exception", or a segfault)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -34,7 +37,8 @@ class InFlight:
 
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
-        """Around one call into egglog; after `drain` it never starts."""
+        """Around one call into native code that releases the GIL; after `drain` it never
+        starts."""
         with self._cond:
             self._cond.wait_for(lambda: not self._closed)
             self._count += 1
@@ -53,4 +57,4 @@ class InFlight:
 
 
 _calls = InFlight()
-egglog_call = _calls.call
+native_call = _calls.call
