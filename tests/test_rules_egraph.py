@@ -266,6 +266,7 @@ def test_exit_while_a_daemon_thread_saturates_is_clean():
         done = subprocess.run([sys.executable, "-c", EXIT_WHILE_SATURATING], timeout=120,
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
+        assert "panicked" not in done.stderr, done.stderr[-2000:]
 
 
 def test_serializing_decodes_each_primitive_class_once(monkeypatch):

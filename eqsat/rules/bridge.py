@@ -148,8 +148,9 @@ class EGraph:
         # first, its analysis rules (constant folding) fire here.
         self.load_outputs = self.analyze()
 
-    def run(self, program: str) -> list[Any]:
-        """Run egglog program text on the e-graph; returns egglog's outputs."""
+    def run(self, program: str | list[Any]) -> list[Any]:
+        """Run egglog program text (or egglog's command objects, `egglog_text`) on the
+        e-graph; returns egglog's outputs."""
         if self.native is None:
             raise BridgeError("the e-graph was closed")
         try:
@@ -267,9 +268,11 @@ def _fresh_native(checks: bool = True) -> Any:
     return native
 
 
-def _declare(native: Any, program: str) -> list[Any]:
+def _declare(native: Any, program: str | list[Any]) -> list[Any]:
     with native_call():
-        return native.run_program(*egglog_parse.parse(native, program))
+        commands = (egglog_parse.parse(native, program) if isinstance(program, str)
+                    else program)
+        return native.run_program(*commands)
 
 
 # ---------------------------------------------------------------- serialized JSON -> Python

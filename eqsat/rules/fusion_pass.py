@@ -29,12 +29,14 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..ir.fused import domain
 from ..ir.module import Stmt
 from ..ir.ops import OPS, OpTypeError, broadcastable, ops_in
 from ..ir.scalar_expr import Arg, merge, substitute
 from ..ir.types import TensorType
+from . import egglog_text
 from .bridge import EGraph, ENode, _list, const_term
 from .fusion_graph import (MAX_FORMS, MAX_OPERANDS, FusionGraph, Kernel, body_size,
                            canonical, same_domain)
@@ -274,7 +276,7 @@ class FusionPass:
     # -------------------------------------------------------------- egglog program
 
     def _programs(self, eg: EGraph, g: FusionGraph, cands: list[Candidate]
-                  ) -> Iterator[tuple[str, list[Candidate]]]:
+                  ) -> Iterator[tuple[list[Any], list[Candidate]]]:
         """egglog programs adding `cands`, CHUNK at a time, each with the candidates it adds.
 
         Each program runs one rule once: its actions name every class they read by a local
@@ -282,10 +284,9 @@ class FusionPass:
         rewrite's actions do, and the run rebuilds the e-graph once. Nothing is bound by a
         top-level `let`: egglog makes a table of every global name, and each push and pop of
         the e-graph copies them all (the ~900 names a transformer block's passes bound made
-        returning its e-graph to the pool take 20 ms of CPU instead of 9). The rule is
-        egglog text, parsed by egglog: built in Python as egglog's command objects it ran
-        faster, but a process whose daemon thread had run such a rule crashed at exit (a
-        segfault in 5-8 of 40 runs of test_exit_while_a_daemon_thread_saturates_is_clean).
+        returning its e-graph to the pool take 20 ms of CPU instead of 9). The rule is built
+        as egglog's command objects (`egglog_text`), not parsed: a parsed program costs time
+        quadratic in its length.
 
         No new term is built inside a top-level `union`: egglog 13.2 (commit 2e5657b) there
         sometimes gave it the id of an unrelated e-class (a map fused for rows of `x` landed in
@@ -304,9 +305,7 @@ class FusionPass:
                 actions.append(f"(union {target} {eg._stmt_term(stmt, 0, env)})")
             self.batches += 1
             ruleset = f"fuse_add_{self.batches}"
-            body = " ".join(refs.lines + actions)
-            yield (f"(ruleset {ruleset})\n(rule () ({body}) :ruleset {ruleset})\n"
-                   f"(run {ruleset} 1)"), chunk
+            yield egglog_text.run_once(ruleset, refs.lines + actions), chunk
 
 
 class _Refs:
