@@ -51,6 +51,26 @@ def test_atoms_read_as_egglog_reads_them():
     assert t.expr.value.value is True
 
 
+def test_a_repeated_term_is_built_once(monkeypatch):
+    # each object's constructor costs ~1 us per operand that is not a literal: a rule's
+    # repeated operand lists and shapes are built once, and the rule is the same
+    made = []
+    call = bindings.Call
+
+    def counting(span, name, args):
+        made.append(name)
+        return call(span, name, args)
+
+    text = ["(let a (P (P (N 1) (N 2)) (N 3)))", "(let b (P (P (N 1) (N 2)) (N 4)))"]
+    monkeypatch.setattr(bindings, "Call", counting)
+    built = egglog_text.run_once("r", text)
+    monkeypatch.undo()
+    assert made.count("P") == 3 and made.count("N") == 4  # (P (N 1) (N 2)) once
+    assert str(built) == str(egglog_text.run_once("r", text))
+    assert _run(built) == _run(bindings.EGraph().parse_program(
+        f"(ruleset r)\n(rule () ({' '.join(text)}) :ruleset r :name \"r\")\n(run r 1)"))
+
+
 @pytest.mark.parametrize("text, message", [
     ('(S "a\\qb")', "unrecognized escape"),
     ("(P (N 1)", "unbalanced '('"),

@@ -66,9 +66,12 @@ def _atom(text: str, span: Any) -> Any:
     return bindings.Var(span, text)
 
 
-def _read(text: str, span: Any) -> list[Any]:
-    """The s-expressions of `text`: lists as Python lists, atoms as egglog expressions."""
+def _read(text: str, span: Any, memo: dict[str, Any]) -> list[Any]:
+    """The top-level s-expressions of `text`: atoms as egglog expressions, lists as Python
+    lists of their items, nested lists as egglog calls. `memo` holds the objects made so far
+    by their text: a repeated term (an operand list, a shape) is built once."""
     stack: list[list[Any]] = [[]]
+    starts: list[int] = []
     pos = 0
     while pos < len(text):
         m = _TOKEN.match(text, pos)
@@ -76,58 +79,66 @@ def _read(text: str, span: Any) -> list[Any]:
             if text[pos:].strip():
                 raise EgglogTextError(f"cannot read egglog text at {text[pos:pos + 40]!r}")
             break
-        pos = m.end()
         opened, closed, string, atom = m.groups()
         if opened:
             stack.append([])
+            starts.append(m.start(1))
         elif closed:
             if len(stack) == 1:
                 raise EgglogTextError("unbalanced ')' in egglog text")
-            done = stack.pop()
-            stack[-1].append(done)
-        elif string is not None:
-            stack[-1].append(bindings.Lit(span, bindings.String(_unescape(string))))
+            items = stack.pop()
+            key = text[starts.pop():m.end()]
+            if len(stack) == 1:
+                stack[-1].append(items)  # an action, made by _action
+            elif key in memo:
+                stack[-1].append(memo[key])
+            else:
+                stack[-1].append(memo.setdefault(key, _call(items, span)))
         else:
-            stack[-1].append(_atom(atom, span))
+            key = atom if string is None else f'"{string}"'
+            if key not in memo:
+                memo[key] = (_atom(atom, span) if string is None
+                             else bindings.Lit(span, bindings.String(_unescape(string))))
+            stack[-1].append(memo[key])
+        pos = m.end()
     if len(stack) != 1:
         raise EgglogTextError("unbalanced '(' in egglog text")
     return stack[0]
 
 
-def _expr(sexp: Any, span: Any) -> Any:
-    if not isinstance(sexp, list):
-        return sexp
-    if not sexp or not isinstance(sexp[0], bindings.Var):
+def _call(items: list[Any], span: Any) -> Any:
+    if not items or not isinstance(items[0], bindings.Var):
         raise EgglogTextError("an egglog call starts with a name")
-    return bindings.Call(span, sexp[0].name, [_expr(a, span) for a in sexp[1:]])
+    return bindings.Call(span, items[0].name, items[1:])
 
 
 def _action(sexp: Any, span: Any) -> Any:
-    head = sexp[0].name if (isinstance(sexp, list) and sexp
-                            and isinstance(sexp[0], bindings.Var)) else None
+    if not isinstance(sexp, list):
+        return bindings.Expr_(span, sexp)
+    head = sexp[0].name if sexp and isinstance(sexp[0], bindings.Var) else None
     if head == "let" and len(sexp) == 3 and isinstance(sexp[1], bindings.Var):
-        return bindings.Let(span, sexp[1].name, _expr(sexp[2], span))
+        return bindings.Let(span, sexp[1].name, sexp[2])
     if head == "union" and len(sexp) == 3:
-        return bindings.Union(span, _expr(sexp[1], span), _expr(sexp[2], span))
-    return bindings.Expr_(span, _expr(sexp, span))
+        return bindings.Union(span, sexp[1], sexp[2])
+    return bindings.Expr_(span, _call(sexp, span))
 
 
-def _actions(text: str, span: Any) -> list[Any]:
-    return [_action(s, span) for s in _read(text, span)]
+def _actions(text: str, span: Any, memo: dict[str, Any]) -> list[Any]:
+    return [_action(s, span) for s in _read(text, span, memo)]
 
 
 def actions(text: str) -> list[Any]:
     """egglog's action objects for the actions written in `text`, one after another."""
     with native_call():
-        return _actions(text, bindings.PanicSpan())
+        return _actions(text, bindings.PanicSpan(), {})
 
 
 def run_once(ruleset: str, action_text: list[str]) -> list[Any]:
     """The commands `(ruleset R) (rule () (<actions>) :ruleset R) (run R 1)`: a new ruleset
     `ruleset` of one rule with no query, whose actions `action_text` run once."""
     with native_call():
-        span = bindings.PanicSpan()
-        head = [a for text in action_text for a in _actions(text, span)]
+        span, memo = bindings.PanicSpan(), {}
+        head = [a for text in action_text for a in _actions(text, span, memo)]
         return [bindings.AddRuleset(span, ruleset),
                 bindings.RuleCommand(bindings.Rule(span, head, [], ruleset, ruleset)),
                 bindings.RunSchedule(bindings.Repeat(
