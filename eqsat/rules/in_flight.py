@@ -26,6 +26,7 @@ class InFlight:
         self._cond = threading.Condition()
         self._count = 0
         self._closed = False
+        self._depth = threading.local()  # this thread's calls under way, nested ones counted
         atexit.register(self.drain)
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._forget)
@@ -34,17 +35,29 @@ class InFlight:
         """In a forked child: the parent's calls do not run here, so exit must not wait."""
         self._cond = threading.Condition()
         self._count = 0
+        self._depth = threading.local()
 
     @contextlib.contextmanager
     def call(self) -> Iterator[None]:
         """Around one call into native code that releases the GIL; after `drain` it never
-        starts."""
+        starts, unless it is nested in a call of this thread under way (which `drain` waits
+        for: held back, the inner call would hang the exit)."""
+        depth = getattr(self._depth, "n", 0)
+        if depth:
+            self._depth.n = depth + 1
+            try:
+                yield
+            finally:
+                self._depth.n = depth
+            return
         with self._cond:
             self._cond.wait_for(lambda: not self._closed)
             self._count += 1
+        self._depth.n = 1
         try:
             yield
         finally:
+            self._depth.n = 0
             with self._cond:
                 self._count -= 1
                 self._cond.notify_all()
