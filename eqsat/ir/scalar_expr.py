@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, Union
@@ -200,6 +201,45 @@ def parse_body(text: str) -> Expr:
     e = read_body(p, "body")
     p.expect("eof", what="the end of the body")
     return e
+
+
+class BodyTexts:
+    """Bodies and their canonical texts, both ways, remembered (the most recent `size`): the
+    e-graph stores a body as its text, and every serialization reads each body back. Most of
+    those texts were written by this process a moment before (a fusion round writes about a
+    thousand new bodies, each read back by every later serialization), so a text written
+    through `text` is read back by `body` without parsing it again (0.05-0.2 ms a body; a
+    VAE's value_and_grad parsed 1100 of them)."""
+
+    def __init__(self, size: int = 1 << 14):
+        self.size = size
+        self._body: OrderedDict[str, Expr] = OrderedDict()
+        self._text: dict[Expr, str] = {}
+
+    def text(self, e: Expr) -> str:
+        """`format_body(e)`, remembered for `body`."""
+        t = self._text.get(e)
+        if t is None:
+            t = format_body(e)
+            self._remember(t, e)
+        return t
+
+    def body(self, text: str) -> Expr:
+        """`parse_body(text)`, without parsing a text this object wrote or read recently."""
+        e = self._body.get(text)
+        if e is None:
+            e = parse_body(text)
+            self._remember(text, e)
+        return e
+
+    def _remember(self, t: str, e: Expr) -> None:
+        if t in self._body:
+            return
+        self._body[t] = e
+        self._text[e] = t
+        if len(self._body) > self.size:
+            _, old = self._body.popitem(last=False)
+            self._text.pop(old, None)
 
 
 # ---------------------------------------------------------------- structure

@@ -16,7 +16,6 @@ not a failed run nor an ill-typed node that extraction may pick.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,12 +34,13 @@ LOAD_ONLY: set[str] = set()
 def _register_fused() -> None:
     try:
         from ..ir import fused
-        from ..ir.scalar_expr import format_body, parse_body
+        from ..ir.scalar_expr import BodyTexts
     except ImportError:
         return
     ATTR_SORTS[fused.BODY] = ATTR_SORTS[fused.REDUCER] = "String"
-    # bodies are immutable and every serialization decodes each one again: cache the parse
-    ATTR_CODECS[fused.BODY] = (format_body, functools.lru_cache(maxsize=1 << 14)(parse_body))
+    # every serialization decodes each body again, most of them written by this process
+    texts = BodyTexts()
+    ATTR_CODECS[fused.BODY] = (texts.text, texts.body)
     ATTR_CODECS[fused.REDUCER] = (str, str)
 
 ANALYSIS = "analysis"  # egglog ruleset: types, plus analysis-kind user rules (constant folding)

@@ -1,0 +1,65 @@
+"""Work `optimize` must not repeat or waste, checked by counting it (never by timing it): bodies
+the process wrote into the e-graph are read back without parsing."""
+
+from __future__ import annotations
+
+import eqsat
+from eqsat.extract import optimize_with_report
+from eqsat.ir import fused, parser
+from eqsat.ir.scalar_expr import App, Arg, BodyTexts, Lit, format_body
+from eqsat.rules import schema
+
+FUSIBLE = """
+module @m
+func @f(%x: f32[8,4], %w: f32[4]) -> f32[8,4] {
+  %0 = broadcast %w : f32[8,4]
+  %1 = mul %x, %0 : f32[8,4]
+  %2 = tanh %1 : f32[8,4]
+  %3 = add %2, %x : f32[8,4]
+  %4 = exp %3 : f32[8,4]
+  return %4
+}
+"""
+
+
+def _count_parses(monkeypatch) -> list[str]:
+    seen: list[str] = []
+    real = parser._Parser
+
+    def counting(text, *args, **kwargs):
+        seen.append(text)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(parser, "_Parser", counting)
+    return seen
+
+
+def test_a_body_written_to_the_egraph_is_read_back_without_parsing(monkeypatch):
+    encode, decode = schema.ATTR_CODECS[fused.BODY]
+    body = App("tanh", (App("add", (Arg(0), Lit(0.123456789))),))
+    text = encode(body)
+    assert text == format_body(body)
+    parses = _count_parses(monkeypatch)
+    assert decode(text) == body
+    assert parses == []
+
+
+def test_body_texts_parse_a_text_once_and_forget_the_oldest():
+    texts = BodyTexts(size=2)
+    a, b, c = (App("neg", (Arg(i),)) for i in range(3))
+    assert texts.body("neg($0)") == a
+    assert texts.body("neg($0)") is texts.body("neg($0)")  # parsed once, remembered
+    texts.text(b)
+    texts.text(c)  # a, the oldest, is forgotten
+    assert list(texts._body) == ["neg($1)", "neg($2)"] and set(texts._text) == {b, c}
+
+
+def test_optimize_parses_no_body_text(monkeypatch):
+    """Every body in the e-graph was written by this process (fusion), so serializing it after
+    each round and at the end parses none of them."""
+    module = eqsat.parse(FUSIBLE)
+    parses = _count_parses(monkeypatch)
+    opt, report = optimize_with_report(module)
+    assert report.fused  # the kernels were fused, so bodies went through the e-graph
+    assert parses == []
+
