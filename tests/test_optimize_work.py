@@ -1,12 +1,14 @@
 """Work `optimize` must not repeat or waste, checked by counting it (never by timing it): bodies
-the process wrote into the e-graph are read back without parsing."""
+the process wrote into the e-graph are read back without parsing; a kernel body is weighed once
+for the fusion pass and the cost model together."""
 
 from __future__ import annotations
 
 import eqsat
-from eqsat.extract import optimize_with_report
+from eqsat.extract import cost_model, optimize_with_report
 from eqsat.ir import fused, parser
-from eqsat.ir.scalar_expr import App, Arg, BodyTexts, Lit, format_body
+from eqsat.ir.scalar_expr import App, Arg, BodyTexts, Lit, format_body, parse_body
+from eqsat.ir.types import DType
 from eqsat.rules import schema
 
 FUSIBLE = """
@@ -63,3 +65,19 @@ def test_optimize_parses_no_body_text(monkeypatch):
     assert report.fused  # the kernels were fused, so bodies went through the e-graph
     assert parses == []
 
+
+def test_the_cost_model_weighs_no_body_the_fusion_pass_weighed(monkeypatch):
+    """The fusion pass weighs every kernel form it makes (`FusionGraph.dominated`) and the cost
+    model prices the same kernels again for every function that can use them: one weighing."""
+    calls = []
+    real = fused.body_cost
+    monkeypatch.setattr(fused, "body_cost", lambda *a: calls.append(a) or real(*a))
+    body = parse_body("tanh(add(mul($0, $1), 0.3125))")
+    ins = (DType.f32[7, 3], DType.f32[3])
+    weight = fused.body_flops(body, list(ins), (7, 3))  # as the fusion pass weighs it
+    weighed = len(calls)
+    assert weighed and weight > 0
+    model = cost_model("cpu")
+    first = model.stmt_cost("map", {"body": body}, ins, (DType.f32[7, 3],))
+    assert model.stmt_cost("map", {"body": body}, ins, (DType.f32[7, 3],)) == first
+    assert len(calls) == weighed

@@ -109,6 +109,20 @@ def body_flops(body: Any, operands: Sequence[TensorType], shape: Sequence[int]) 
     broadcast to it: subterms reading no operand that varies along the last axis cost once per
     row (generated loops hoist them out of the innermost loop: a layer norm's 1/sqrt(var + eps)
     is not recomputed per element). The body computes in its widest operand's dtype."""
+    if not isinstance(body, (Arg, Lit, App)):
+        return _flops(body, operands, shape)
+    return _flops_cached(body, tuple(operands), tuple(shape))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _flops_cached(body: Expr, operands: tuple[TensorType, ...], shape: tuple[int, ...]
+                  ) -> float:
+    # the fusion pass weighs each form of a class again in every round, and the cost model
+    # weighs it again for every function that can use it (2.2x in a VAE's optimize)
+    return _flops(body, operands, shape)
+
+
+def _flops(body: Any, operands: Sequence[TensorType], shape: Sequence[int]) -> float:
     size = math.prod(shape)
     inner = shape[-1] if shape else 1
     varying = [i for i, t in enumerate(operands) if inner > 1 and t.shape[-1:] == (inner,)]

@@ -22,9 +22,16 @@ ELEMENT_COST_WIDE: dict[str, float] = {
 }
 
 
+def element_costs(dtype: DType | None = None) -> tuple[dict[str, float], float]:
+    """The table of element costs for ops computing in `dtype` (f32 when not given), and the
+    cost of an op it does not list: for a walk over many ops of one dtype."""
+    if dtype is not None and dtype.itemsize == 8:
+        return ELEMENT_COST_WIDE, 2.0
+    return ELEMENT_COST, 1.0
+
+
 def element_cost(op: str, dtype: DType | None = None) -> float:
     """The cost of one element of an elementwise op computing in `dtype` (f32 when not
     given), in simple f32 operations (see ELEMENT_COST)."""
-    if dtype is not None and dtype.itemsize == 8:
-        return ELEMENT_COST_WIDE.get(op, 2.0)
-    return ELEMENT_COST.get(op, 1.0)
+    table, other = element_costs(dtype)
+    return table.get(op, other)

@@ -23,7 +23,7 @@ from typing import Any, TypeVar, Union
 
 import numpy as np
 
-from .op_costs import element_cost
+from .op_costs import element_costs
 from .ops import OPS, OpTypeError, literal_fits
 from .printer import format_literal
 from .types import DType, TensorType
@@ -116,11 +116,14 @@ def body_cost(body: Any, varying: Collection[int] | None = None,
     ops' `element_cost`s summed; with `varying`, of only the subterms that read one of those
     inputs (the rest is the same for every element of a loop along which only `varying`
     change, and compilers hoist it)."""
+    # the table is chosen once and `varying` made a set once, not once per op of the body
+    table, other = element_costs(dtype)
+    vary = None if varying is None else frozenset(varying)
     total, stack = 0.0, [body]
     while stack:
         e = stack.pop()
-        if isinstance(e, App) and (varying is None or body_args(e) & set(varying)):
-            total += element_cost(e.op, dtype)
+        if isinstance(e, App) and (vary is None or not e.reads.isdisjoint(vary)):
+            total += table.get(e.op, other)
             stack.extend(e.args)
     return total
 

@@ -4,7 +4,6 @@ and a body) in canonical form, each e-class's kernels, what its operands read th
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -99,7 +98,7 @@ class FusionGraph:
         ins = self.typed(k.operands)
         if ins is None or c not in self.types:
             return body_cost(k.body)
-        return _flops_of(k.body, tuple(ins), self.types[c].shape)
+        return body_flops(k.body, ins, self.types[c].shape)
 
     def kernels(self, c: str) -> list[Kernel]:
         """The elementwise ops of class c as kernels, then its MAX_FORMS largest maps (once per
@@ -177,13 +176,6 @@ class FusionGraph:
     def typed(self, cs: tuple[str, ...]) -> list[TensorType] | None:
         ts = [self.types.get(c) for c in cs]
         return None if any(t is None for t in ts) else ts  # type: ignore[return-value]
-
-
-@functools.lru_cache(maxsize=1 << 14)
-def _flops_of(body: Expr, ins: tuple[TensorType, ...], shape: tuple[int, ...]) -> float:
-    # each run of the pass builds a new graph and weighs the same forms of a class again:
-    # ~80% of the weighings in a cold optimize of the transformer example were repeats
-    return body_flops(body, ins, shape)
 
 
 def same_domain(g: FusionGraph, operands: list[str], shape: tuple[int, ...]) -> bool:
