@@ -240,6 +240,20 @@ def test_auto_uses_ilp_on_small_graphs():
     assert ex.method == "ilp" and ex.optimal and ex.cost == 12.0
 
 
+def test_auto_spends_no_time_on_an_ilp_too_large_to_finish(monkeypatch):
+    """At 1200 e-nodes the ILP does not get through its root node within auto's 0.5 s: it
+    only ever returned the greedy answer, 0.5 s later."""
+    import eqsat.extract as ex
+
+    g, costs = synthetic(600, seed=1)
+    assert 1100 < len(g.nodes) < 2000
+    calls = []
+    monkeypatch.setattr(ex, "extract_ilp", lambda *a, **k: calls.append(1))
+    got = extract(g, costs)
+    assert calls == [] and got.method == "greedy"
+    assert got.cost == extract_greedy(g, costs).cost
+
+
 def test_solver_prints_never_reach_stdout(capfd, monkeypatch):
     """scipy's HiGHS prints a debug line with printf on some problems (a causal attention's
     loss met one): `eqsat opt in.eqir > out.eqir` wrote it into the program text."""
