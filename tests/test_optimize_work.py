@@ -1,8 +1,10 @@
 """Work `optimize` must not repeat or waste, checked by counting it (never by timing it): bodies
 the process wrote into the e-graph are read back without parsing; a kernel body is weighed once
-for the fusion pass and the cost model together."""
+for the fusion pass and the cost model together; a renumbering rebuilds only what moves."""
 
 from __future__ import annotations
+
+import pytest
 
 import eqsat
 from eqsat.extract import cost_model, optimize_with_report
@@ -81,3 +83,23 @@ def test_the_cost_model_weighs_no_body_the_fusion_pass_weighed(monkeypatch):
     first = model.stmt_cost("map", {"body": body}, ins, (DType.f32[7, 3],))
     assert model.stmt_cost("map", {"body": body}, ins, (DType.f32[7, 3],)) == first
     assert len(calls) == weighed
+
+
+def test_a_renumbering_rebuilds_only_the_subterms_whose_inputs_move():
+    """canonical() renumbers a fused kernel's inputs with a mapping of every input, most of
+    them to themselves: a subterm that reads only those is kept, not built again."""
+    from eqsat.ir.scalar_expr import substitute
+
+    kept = parse_body("tanh(mul($0, $1))")
+    body = App("add", (kept, Arg(2)))
+    out = substitute(body, {0: Arg(0), 1: Arg(1), 2: Arg(3)})
+    assert out == App("add", (kept, Arg(3)))
+    assert out.args[0] is kept
+    assert substitute(body, {0: Arg(0), 1: Arg(1)}) is body
+
+
+def test_a_body_node_still_checks_its_operands_and_knows_what_it_reads():
+    with pytest.raises(TypeError, match="must be Arg, Lit or App"):
+        App("neg", ("$0",))
+    e = App("add", (App("mul", (Arg(3), Lit(2.0))), Arg(1)))
+    assert e.reads == {1, 3} and hash(e) == hash(App("add", e.args))

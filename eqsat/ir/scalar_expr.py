@@ -81,12 +81,19 @@ class App:
     def __post_init__(self) -> None:
         if not isinstance(self.op, str):
             raise TypeError(f"an op name is a str, got {self.op!r}")
-        object.__setattr__(self, "args", tuple(self.args))
-        for a in self.args:
-            if not isinstance(a, (Arg, Lit, App)):
+        args = tuple(self.args)
+        object.__setattr__(self, "args", args)
+        # one pass over the operands (the fusion pass builds ~70k of these per saturation)
+        reads: set[int] = set()
+        for a in args:
+            if isinstance(a, App):
+                reads.update(a.reads)
+            elif isinstance(a, Arg):
+                reads.add(a.index)
+            elif not isinstance(a, Lit):
                 raise TypeError(f"operands of {self.op}(...) must be Arg, Lit or App, got {a!r}")
-        object.__setattr__(self, "reads", frozenset().union(*map(body_args, self.args)))
-        object.__setattr__(self, "_hash", hash((self.op, self.args)))
+        object.__setattr__(self, "reads", frozenset(reads))
+        object.__setattr__(self, "_hash", hash((self.op, args)))
 
     def __hash__(self) -> int:
         return self._hash
@@ -277,10 +284,17 @@ def depth(e: Expr) -> int:
 
 def substitute(e: Expr, mapping: Mapping[int, Expr]) -> Expr:
     """`e` with every `$i` in `mapping` replaced by `mapping[i]` (simultaneously)."""
+    # `$i -> $i` changes nothing: left out, a subterm reading only such inputs is not rebuilt
+    # (a renumbering keeps most inputs where they are)
+    live = {i: v for i, v in mapping.items() if not (isinstance(v, Arg) and v.index == i)}
+    return _substitute(e, live, live.keys()) if live else e
+
+
+def _substitute(e: Expr, mapping: Mapping[int, Expr], keys: Collection[int]) -> Expr:
     if isinstance(e, Arg):
         return mapping.get(e.index, e)
-    if isinstance(e, App) and not mapping.keys().isdisjoint(e.reads):
-        return App(e.op, tuple(substitute(a, mapping) for a in e.args))
+    if isinstance(e, App) and not keys.isdisjoint(e.reads):
+        return App(e.op, tuple(_substitute(a, mapping, keys) for a in e.args))
     return e
 
 
@@ -325,7 +339,7 @@ def operand_roles(op: str) -> tuple[tuple[bool, ...], bool]:
 
 
 def _has_arg(e: Expr) -> bool:
-    return isinstance(e, Arg) or (isinstance(e, App) and any(_has_arg(a) for a in e.args))
+    return isinstance(e, Arg) or (isinstance(e, App) and bool(e.reads))
 
 
 def fold(e: Expr, args: Sequence[V], dtype_of: Callable[[V], DType],
