@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -262,6 +263,19 @@ def test_a_damaged_or_foreign_cache_is_measured_again(tmp_path, monkeypatch):
     path.write_text(json.dumps({"gflops": 5.0, "bandwidth_gbs": 5.0, "key": machine.machine_key()}))
     assert machine.cpu_rates(tmp_path) == fake
     assert machine.cpu_rates(tmp_path / "missing" / "dir") == fake
+
+
+def test_the_cpu_model_follows_the_cache_directory_in_force(tmp_path, monkeypatch):
+    """The model was kept by the directory argument (None for "the default"), so one made
+    while EQSAT_CACHE_DIR named another directory was used after it changed: the suite's
+    check that the model matches cpu_rates() failed after a test that had set the variable."""
+    for i, gflops in enumerate((3.0, 7.0)):
+        d = tmp_path / str(i)
+        d.mkdir()
+        rates = machine.CpuRates(gflops, 2.0, machine.machine_key(), 4.0, 1 << 20)
+        (d / machine.CACHE_FILE).write_text(json.dumps(dataclasses.asdict(rates)))
+        monkeypatch.setenv(machine.CACHE_ENV, str(d))
+        assert cost_model("cpu").peak_flops == gflops * 1e9
 
 
 def test_rates_that_cannot_be_stored_leave_no_temporary_file(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from ..cache import cache_dir
 from ..errors import Error
 from ..host import PARALLEL_MIN_WORK, split_axis, usable_cores
 from ..ir.fused import body_flops, compute_dtype, domain
@@ -298,7 +299,7 @@ TARGETS = ("cpu", "cuda")
 
 
 @functools.lru_cache(maxsize=8)
-def _cpu_model(cache: str | None) -> Roofline:
+def _cpu_model(cache: str) -> Roofline:
     from .machine import cpu_rates
 
     rates = cpu_rates(cache)
@@ -322,7 +323,8 @@ def cost_model(target: str | CostModel, cache: str | None = None) -> CostModel:
     if target == "cuda":
         return CUDA
     if target == "cpu":
-        return _cpu_model(None if cache is None else str(cache))
+        # keyed by the directory itself, so that a later EQSAT_CACHE_DIR is obeyed
+        return _cpu_model(str(cache_dir(cache)))
     raise Error(f"unknown target {target!r}; valid targets: {', '.join(TARGETS)}")
 
 
