@@ -27,6 +27,25 @@ def vjp_of(module: Module, name: str, wrt: tuple[str, ...]) -> Module:
     return differentiate(module.replace(module.items + (decl,)))
 
 
+def perturbed(args: list[np.ndarray], i: int, h: float):
+    """For each element j of args[i]: (j, args with it moved up by h, args with it moved
+    down by h), the two sides of a central difference."""
+    for j in np.ndindex(args[i].shape):
+        plus = [a.copy() for a in args]
+        minus = [a.copy() for a in args]
+        plus[i][j] += h
+        minus[i][j] -= h
+        yield j, plus, minus
+
+
+def central_differences(f, args: list[np.ndarray], i: int, h: float = 1e-6) -> np.ndarray:
+    """d f(*args) / d args[i] of a scalar function, by central differences."""
+    g = np.zeros(args[i].shape)
+    for j, plus, minus in perturbed(args, i, h):
+        g[j] = (f(*plus) - f(*minus)) / (2 * h)
+    return g
+
+
 def numeric_vjp(module: Module, name: str, args: list[np.ndarray], wrt: tuple[str, ...],
                 seeds: list[np.ndarray], h: float = 1e-6) -> list[np.ndarray]:
     """J^T seed by central differences, one input element at a time (small inputs only)."""
@@ -36,11 +55,7 @@ def numeric_vjp(module: Module, name: str, args: list[np.ndarray], wrt: tuple[st
     for w in wrt:
         i = index[w]
         g = np.zeros(args[i].shape)
-        for j in np.ndindex(args[i].shape):
-            plus = [a.copy() for a in args]
-            minus = [a.copy() for a in args]
-            plus[i][j] += h
-            minus[i][j] -= h
+        for j, plus, minus in perturbed(args, i, h):
             fp, fm = (interpret_function(module, name, *xs) for xs in (plus, minus))
             g[j] = sum(np.sum(s * (p.astype(np.float64) - m) / (2 * h))
                        for s, p, m in zip(seeds, fp, fm) if s.dtype.kind == "f")

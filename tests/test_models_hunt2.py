@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import eqsat
+from ad_helpers import central_differences
 
 LIMITS = eqsat.Limits(seconds=0.4)
 F32 = dict(rtol=2e-4, atol=2e-5)
@@ -129,17 +130,6 @@ def _inputs(shapes, scales, given, dtype, seed=0):
             for i, s in enumerate(shapes)]
 
 
-def _central_differences(f, args, i, h=1e-6):
-    g = np.zeros(args[i].shape)
-    for j in np.ndindex(args[i].shape):
-        plus = [a.copy() for a in args]
-        minus = [a.copy() for a in args]
-        plus[i][j] += h
-        minus[i][j] -= h
-        g[j] = (f(*plus) - f(*minus)) / (2 * h)
-    return g
-
-
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_model_end_to_end_against_numpy_and_central_differences(model):
     f32, ref, shapes, scales, given = MODELS[model](eqsat.f32)
@@ -159,7 +149,7 @@ def test_model_end_to_end_against_numpy_and_central_differences(model):
 
     a64 = _inputs(shapes, scales, given, np.float64, seed=1)
     floats = [i for i, p in enumerate(m[f64.name].params) if p.type.dtype.is_float]
-    numeric = [_central_differences(ref, a64, i) for i in floats]
+    numeric = [central_differences(ref, a64, i) for i in floats]
     for run in (lambda *a: eqsat.interpret(m, vg, *a), getattr(plain, vg.name),
                 getattr(fast, vg.name)):
         value, *grads = run(*a64)
