@@ -126,7 +126,8 @@ MODELS = {"causal_attention": causal_attention, "lstm": lstm, "vae": vae}
 def _inputs(shapes, scales, given, dtype, seed=0):
     """Random normal inputs of `dtype` (scaled), except those `given` makes (labels, data)."""
     rng = np.random.default_rng(seed)
-    return [given[i](rng, dtype) if i in given else (scales[i] * rng.standard_normal(s)).astype(dtype)
+    return [given[i](rng, dtype) if i in given
+            else (scales[i] * rng.standard_normal(s)).astype(dtype)
             for i, s in enumerate(shapes)]
 
 
