@@ -28,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..ir.interpreter import interpret_function
-from ..ir.module import Function, Module
+from ..ir.module import Function, Module, inlined_totals
 from ..ir.samples import random_arguments
 
 BUDGET = 0.05  # of the time limit, at most, spent interpreting both programs ...
@@ -62,10 +62,7 @@ def _work_per_call(m: Module) -> dict[str, float]:
     """Estimated interpreter seconds of one call of each function of `m`, its callees' work
     counted at every call: where each of 25 functions calls the one before it twice, the
     last makes 2^24 calls, and counting each function once, the check ran for minutes."""
-    done: dict[str, float] = {}
-    for f in m.callees_first():
-        done[f.name] = _work(f) + sum(done[s.attr["callee"]] for s in f.body if s.op == "call")
-    return done
+    return inlined_totals({f.name: f for f in m.functions}, _work)
 
 
 def affordable(before: Module, after: Module, seconds: float) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
@@ -328,15 +328,21 @@ def callees_first(functions: Mapping[str, Function]) -> list[Function]:
     return order
 
 
-def inlined_sizes(functions: Mapping[str, Function]) -> dict[str, int]:
-    """How many statements other than calls each function runs with its calls inlined (a
-    callee counted at every call), computed without inlining: a chain of functions that each
-    call the one before twice doubles it at every level."""
-    sizes: dict[str, int] = {}
+def inlined_totals(functions: Mapping[str, Function], own: Callable[[Function], float]
+                   ) -> dict[str, float]:
+    """Each function's `own(f)` plus its callees' totals, a callee counted at every call (as
+    if calls were inlined), computed without inlining: a chain of functions that each call
+    the one before twice doubles its total at every level."""
+    totals: dict[str, float] = {}
     for f in callees_first(functions):
-        calls = [s.attr["callee"] for s in f.body if s.op == "call"]
-        sizes[f.name] = len(f.body) - len(calls) + sum(sizes.get(c, 0) for c in calls)
-    return sizes
+        totals[f.name] = own(f) + sum(totals.get(s.attr["callee"], 0)
+                                      for s in f.body if s.op == "call")
+    return totals
+
+
+def inlined_sizes(functions: Mapping[str, Function]) -> dict[str, int]:
+    """How many statements other than calls each function runs with its calls inlined."""
+    return inlined_totals(functions, lambda f: sum(s.op != "call" for s in f.body))
 
 
 def _expand(item: Any) -> list[Item]:
