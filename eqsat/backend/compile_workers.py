@@ -95,7 +95,12 @@ class _Worker:
         """Let go of `busy`; a worker retired meanwhile is ended (by this holder or, where
         it retires the worker after this check, by `_retire`)."""
         self.busy.release()
-        if self.retired and self.busy.acquire(blocking=False):
+        if self.retired:
+            self.end_if_free()
+
+    def end_if_free(self) -> None:
+        """End the worker unless a compile holds it (that holder ends it: `release`)."""
+        if self.busy.acquire(blocking=False):
             try:
                 self.discard()
             finally:
@@ -203,11 +208,7 @@ def _retire(w: _Worker) -> None:
     """End a worker taken out of `_workers`: now where no compile holds it, else once its
     holder lets go of it (`release`), its exchange done."""
     w.retired = True
-    if w.busy.acquire(blocking=False):
-        try:
-            w.discard()
-        finally:
-            w.busy.release()
+    w.end_if_free()
 
 
 def start(count: int | None = None) -> None:
