@@ -60,7 +60,7 @@ func @f(%x: {t}, %g: f64[{c}]) -> ({t}, f64[{r}]) {{
 """
 
 
-def check(text: str, *args: np.ndarray, rtol: float = 1e-5) -> str:
+def check(text: str, *args: np.ndarray, rtol: float = 1e-5, atol: float = 1e-6) -> str:
     """Compile, compare every result with the interpreter, return the unoptimized LLVM IR."""
     m = parse(text)
     got = compile_module(m, cache_dir=None)("f", *args)
@@ -68,7 +68,7 @@ def check(text: str, *args: np.ndarray, rtol: float = 1e-5) -> str:
     got = got if isinstance(got, tuple) else (got,)
     want = want if isinstance(want, tuple) else (want,)
     for g, w in zip(got, want):
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
     return lower(m)[0]
 
 
@@ -327,7 +327,9 @@ func @f(%a: f32[{m},96], %bt: f32[80,96], %c: f32[80], %x: f32[6,70,64], %y: f32
 """
         args = [rng.standard_normal(s).astype(np.float32)
                 for s in [(m, 96), (80, 96), (80,), (6, 70, 64), (6, 64, 70)]]
-        check(text, *args, rtol=1e-4)
+        # Sums of 64-96 f32 products of unit normals: the BLAS's kernel and numpy's may add in
+        # different orders, so results near zero differ by a few 1e-6 absolute.
+        check(text, *args, rtol=1e-4, atol=5e-5)
 
 
 def test_cached_blas_code_loads_without_scipy_linalg(tmp_path) -> None:
